@@ -1,0 +1,13 @@
+"""The Celery app. It only carries assignments from API processes to workers' own queues."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("sluice")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["workspaces"])

@@ -1,0 +1,63 @@
+"""Typed readers for settings that come from the environment."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+
+def env_str(name: str, default: str) -> str:
+    value = os.environ.get(name, "")
+    return value if value != "" else default
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value == "":
+        return default
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"{name} must be a boolean (1/0, true/false), not {value!r}")
+
+
+def env_int(name: str, default: int, *, low: int, high: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, not {raw!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be within {low}..{high}, not {value}")
+    return value
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """Turn postgres://user:pass@host:port/name?options into a Django DATABASES entry."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        raise ValueError(f"DATABASE_URL must be a postgres:// URL, not {parts.scheme!r}")
+    options: dict[str, str] = {}
+    for pair in filter(None, parts.query.split("&")):
+        key, _, value = pair.partition("=")
+        options[key] = unquote(value)
+    host = unquote(parts.hostname or "")
+    # pgserver hands out URLs whose host is a socket directory passed as ?host=/path.
+    if "host" in options:
+        host = options.pop("host")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "postgres",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(parts.port or ""),
+        "OPTIONS": options,
+        # Persistent connections: the async endpoint's thread pool reuses them.
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+    }

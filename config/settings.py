@@ -1,0 +1,163 @@
+"""Sluice settings: one file, everything that varies comes from the environment."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from config.env import database_from_url, env_bool, env_int, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        # A production process must be given its own key; local runs and tests get a fixed one.
+        SECRET_KEY = "sluice-insecure-local-key-set-SECRET_KEY-in-production"
+    else:
+        SECRET_KEY = "sluice-insecure-debug-key"
+ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h.strip()]
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "workspaces",
+    "admission",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_str("DATABASE_URL", "postgres://root@127.0.0.1:5432/test")
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Redis: the Celery broker, and (unless split out) admission, rate limits and the log buffer.
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+ADMISSION_REDIS_URL = env_str("ADMISSION_REDIS_URL", REDIS_URL)
+# Every key Sluice writes starts with this; tests give each run its own.
+REDIS_KEY_PREFIX = env_str("SLUICE_REDIS_PREFIX", "sluice:")
+
+# Celery carries assignments to workers. At-most-once: a message is acked when the worker
+# takes it (not after it ran), one message is prefetched per free slot, and a message that
+# the broker restores after visibility_timeout is past its deadline and dropped by the worker.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_TASK_ACKS_LATE = False
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "global_keyprefix": REDIS_KEY_PREFIX + "celery:"}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_SEND_TASK_EVENTS = False
+
+# Admission and rate-limit policy: the admin-editable policy row starts from these.
+SLUICE_POLICY_DEFAULTS = {
+    "JOB_TIMEOUT": env_int("JOB_TIMEOUT", 300_000, low=1_000, high=3_600_000),
+    "WORKSPACE_QUEUE_CEILING_MS": env_int("WORKSPACE_QUEUE_CEILING_MS", 300_000, low=1, high=300_000),
+    "WORKER_QUEUE_LIMIT": env_int("WORKER_QUEUE_LIMIT", 32, low=1, high=1024),
+    "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS": env_int(
+        "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS", 8, low=1, high=64
+    ),
+    "WORKSPACE_TOOLS_RATE_LIMIT": env_str("WORKSPACE_TOOLS_RATE_LIMIT", "120/30s"),
+}
+# How long an API process trusts its cached copy of the policy row.
+POLICY_CACHE_S = 1.0
+ISOLATION_KEY_SECRET = env_str(
+    "ISOLATION_KEY_SECRET", hashlib.sha256(b"sluice-isolation-key:" + SECRET_KEY.encode()).hexdigest()
+)
+# Completion rows older than this are removed by `manage.py prune_completions`.
+COMPLETION_RETENTION_DAYS = env_int("COMPLETION_RETENTION_DAYS", 30, low=1, high=3650)
+
+# A worker that has not been heard from for this long is offline (contract §4.1).
+WORKER_OFFLINE_AFTER_S = 30
+WORKER_HEARTBEAT_S = 5
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["workspaces.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "admission.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+# The execute endpoint refuses bodies over this with 413 (a 1 MiB write plus JSON framing).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "json": {"()": "config.logging.JsonFormatter"},
+    },
+    "handlers": {
+        "stdout": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout", "formatter": "json"},
+    },
+    "root": {"handlers": ["stdout"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.request": {"level": "ERROR"},
+        "celery": {"level": "WARNING"},
+    },
+}
