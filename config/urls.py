@@ -3,6 +3,20 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import path
 
+from admission import views as admission_views
+from config.health import healthz
+from workspaces import views as worker_views
+
 urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("v1/workspace-tools/execute", admission_views.execute, name="execute"),
+    path(
+        "v1/workspace-tools/requests/<str:request_id>",
+        admission_views.request_cancel,
+        name="request-cancel",
+    ),
+    path("v1/workers/register", worker_views.WorkerRegisterApi.as_view(), name="worker-register"),
+    path("v1/workers/heartbeat", worker_views.WorkerHeartbeatApi.as_view(), name="worker-heartbeat"),
+    path("v1/workers/deregister", worker_views.WorkerDeregisterApi.as_view(), name="worker-deregister"),
     path("admin/", admin.site.urls),
 ]

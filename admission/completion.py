@@ -1,0 +1,185 @@
+"""Completion rows: one per POST to the execute endpoint, admitted or not (contract §5).
+
+The response path never waits for Postgres: a finished call appends its row to a Redis
+stream (one XADD) and logs the structured line; a drainer thread in every API process moves
+rows from the stream into Postgres in batches, acknowledging them only once they are
+committed. If Postgres is down, rows wait in the stream and land when it is back; a row is
+written at most once (its uid is unique). If Redis itself refuses the XADD, the row is written
+to Postgres directly instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+
+from admission.models import CompletionLog
+
+log = logging.getLogger("sluice.completion")
+
+GROUP = "drain"
+# Bounds the stream if Postgres stays down for a very long time (then the oldest rows go).
+STREAM_MAX_ROWS = 2_000_000
+# A row another API process read but never acknowledged (it died) is taken over after this.
+CLAIM_IDLE_MS = 30_000
+
+
+def stream_key() -> str:
+    return f"{settings.REDIS_KEY_PREFIX}log:completions"
+
+
+@dataclass
+class CompletionDraft:
+    """Filled in as a call progresses; emitted once when it ends, however it ends."""
+
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    request_id: str = ""
+    tenant_hash: str = ""
+    principal_hash: str = ""
+    worker_id: str = ""
+    workspace_id: str = ""
+    worktree: str = ""
+    isolation_key_hash: str = ""
+    operation: str = ""
+    http_status: int = 0
+    code: str = ""
+    outcome: str = "completed"
+    admission_outcome: str = "rejected_before_queue"
+    queue_wait_ms: int = 0
+    slot_index: int | None = None
+    exec_ms: int | None = None
+    duration_ms: int = 0
+    deadline_budget_ms: int = 0
+    fencing_ticket: int | None = None
+
+    def finish(self, status: int, code: str = "") -> None:
+        self.http_status = status
+        self.code = code
+        self.duration_ms = int((time.monotonic() - self.started_monotonic) * 1000)
+
+    def row(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("started_monotonic")
+        data["request_id"] = self.request_id or self.uid
+        return data
+
+
+def _model_row(data: dict[str, Any]) -> CompletionLog:
+    values = dict(data)
+    created = datetime.fromtimestamp(float(values.pop("started")), tz=UTC)
+    return CompletionLog(created_at=created, **values)
+
+
+def _encode(data: dict[str, Any]) -> dict[str, str]:
+    # Stream fields are strings; None becomes "" and comes back as None.
+    return {k: "" if v is None else str(v) for k, v in data.items()}
+
+
+_INT_FIELDS = {"http_status", "queue_wait_ms", "slot_index", "exec_ms", "duration_ms", "deadline_budget_ms", "fencing_ticket"}
+
+
+def _decode(fields: dict[str, str]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in fields.items():
+        if key in _INT_FIELDS:
+            data[key] = int(value) if value != "" else None
+        else:
+            data[key] = value
+    return data
+
+
+async def completion_emit(draft: CompletionDraft, client: Any) -> None:
+    data = draft.row()
+    log.info("Workspace tool request completed", extra={k: v for k, v in data.items() if k != "started"})
+    try:
+        await client.xadd(stream_key(), _encode(data), maxlen=STREAM_MAX_ROWS, approximate=True)
+    except Exception:
+        log.warning("completion stream unavailable; writing the row to Postgres directly", exc_info=True)
+        await sync_to_async(completion_write, thread_sensitive=False)([data])
+
+
+def completion_write(rows: list[dict[str, Any]]) -> None:
+    CompletionLog.objects.bulk_create([_model_row(r) for r in rows], ignore_conflicts=True)
+
+
+class CompletionDrainer(threading.Thread):
+    """Moves rows from the stream to Postgres. One per API process; any number may run."""
+
+    def __init__(self, client: Any, *, batch: int = 500, block_ms: int = 1000) -> None:
+        super().__init__(name="completion-drainer", daemon=True)
+        self.client = client
+        self.batch = batch
+        self.block_ms = block_ms
+        self.consumer = f"{socket.gethostname()}:{os.getpid()}"
+        self.stopping = threading.Event()
+
+    def ensure_group(self) -> None:
+        try:
+            self.client.xgroup_create(stream_key(), GROUP, id="0", mkstream=True)
+        except Exception as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def drain_once(self) -> int:
+        """Read a batch (own pending first, then stale ones of dead consumers, then new) and land it."""
+        key = stream_key()
+        messages = self.client.xreadgroup(GROUP, self.consumer, {key: "0"}, count=self.batch)
+        pending = messages[0][1] if messages else []
+        if not pending:
+            claimed = self.client.xautoclaim(key, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=self.batch)
+            pending = claimed[1] if claimed else []
+        if not pending:
+            messages = self.client.xreadgroup(GROUP, self.consumer, {key: ">"}, count=self.batch, block=self.block_ms)
+            pending = messages[0][1] if messages else []
+        entries = [(mid, fields) for mid, fields in pending if fields]
+        if entries:
+            close_old_connections()
+            completion_write([_decode(fields) for _, fields in entries])
+        ids = [mid for mid, _ in pending]
+        if ids:
+            self.client.xack(key, GROUP, *ids)
+            self.client.xdel(key, *ids)
+        return len(entries)
+
+    def run(self) -> None:
+        delay = 0.5
+        while not self.stopping.is_set():
+            try:
+                self.ensure_group()
+                self.drain_once()
+                delay = 0.5
+            except (DatabaseError, Exception):
+                # Postgres or Redis is away: the rows stay in the stream, unacknowledged.
+                log.warning("completion drainer waiting for Postgres/Redis", exc_info=True)
+                self.stopping.wait(delay)
+                delay = min(delay * 2, 10.0)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+_drainer: CompletionDrainer | None = None
+
+
+def start_drainer() -> CompletionDrainer:
+    global _drainer
+    if _drainer is None:
+        import redis
+
+        client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True, socket_connect_timeout=2)
+        _drainer = CompletionDrainer(client)
+        _drainer.start()
+    return _drainer

@@ -1,0 +1,59 @@
+"""Redis clients for admission. They raise on every error: admission must never guess.
+
+(The cache-style "ignore exceptions" mode would turn a Redis outage into unlimited,
+unordered admission; here an outage becomes a typed 503 instead.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from django.conf import settings
+
+from admission.queue import AsyncQueue, SyncQueue
+
+_lock = threading.Lock()
+_sync: SyncQueue | None = None
+_async: dict[int, AsyncQueue] = {}
+
+
+def _client_kwargs() -> dict[str, object]:
+    # No socket_timeout: BLPOP waits up to the call's own deadline. Connecting is bounded.
+    # One quick retry, then the error: an outage must become a prompt typed 503, not a 5 s stall.
+    return {
+        "decode_responses": True,
+        "socket_connect_timeout": 1,
+        "health_check_interval": 30,
+        "retry": Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
+    }
+
+
+def _async_kwargs() -> dict[str, object]:
+    kwargs = _client_kwargs()
+    kwargs["retry"] = AsyncRetry(ExponentialBackoff(cap=0.05, base=0.01), 1)
+    return kwargs
+
+
+def sync_queue() -> SyncQueue:
+    global _sync
+    with _lock:
+        if _sync is None:
+            client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, **_client_kwargs())
+            _sync = SyncQueue(client, settings.REDIS_KEY_PREFIX)
+        return _sync
+
+
+def async_queue() -> AsyncQueue:
+    """One client per event loop: asyncio connections belong to the loop that opened them."""
+    loop = asyncio.get_running_loop()
+    queue = _async.get(id(loop))
+    if queue is None:
+        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, max_connections=20_000, **_async_kwargs())
+        queue = _async[id(loop)] = AsyncQueue(client, settings.REDIS_KEY_PREFIX)
+    return queue

@@ -1,0 +1,23 @@
+-- settle: a worker hands back the result of an assignment. Accepted only while the entry is
+-- live, running, and the fence matches (incarnation and ticket); then the result is pushed to
+-- the waiting request, the slot is freed and waiting calls are granted, all in one step.
+-- A late, duplicate or stale settlement is discarded and counted.
+-- KEYS: 1 reg, 2 queue, 3 entries, 4 stats
+-- ARGV: 1 now_ms or '', 2 entry id, 3 incarnation, 4 ticket, 5 result payload, 6 wake key prefix,
+--       7 stats ttl ms
+-- Returns: {'accepted'} | {'discarded'}
+-- Clock: ARGV[1] when given (tests), else Redis TIME (never the worker's own clock).
+local kreg, kq, ke, kstats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now = clock_ms(ARGV[1])
+local raw = redis.call('HGET', ke, ARGV[2])
+local x = raw and cjson.decode(raw) or nil
+if x == nil or x.st ~= 'r' or x.inc ~= ARGV[3] or tostring(x.seq) ~= ARGV[4] or x.dl <= now then
+  bump(kstats, 'settle_discarded', tonumber(ARGV[7]))
+  return {'discarded'}
+end
+remove_entry(kq, ke, ARGV[2])
+push_wake(ARGV[6], ARGV[2], ARGV[5], WAKE_TTL_MS)
+local entries = load_entries(kq, ke, now)
+grant(entries, now, slot_count(kreg, ''), ke, ARGV[6], '')
+refresh_ttl(kq, ke, entries, now)
+return {'accepted'}

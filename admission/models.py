@@ -1,0 +1,156 @@
+"""The admission policy (one editable row), quarantined isolation keys, and the completion log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+from sluice_client.protocol import OPERATIONS
+
+from admission.ratelimit import RatePolicy
+
+
+def default_weights() -> dict[str, int]:
+    return dict.fromkeys(sorted(OPERATIONS), 1)
+
+
+def validate_rate_limit(value: str) -> None:
+    try:
+        RatePolicy.parse(value)
+    except ValueError as exc:
+        raise ValidationError(str(exc)) from None
+
+
+def validate_weights(value: Any) -> None:
+    if not isinstance(value, dict):
+        raise ValidationError("Operation weights must be an object of operation: weight.")
+    unknown = sorted(set(value) - OPERATIONS)
+    if unknown:
+        raise ValidationError(f"Unknown operations in weights: {', '.join(unknown)}.")
+    for op, weight in value.items():
+        if type(weight) is not int or not 1 <= weight <= 1000:
+            raise ValidationError(f"The weight of {op} must be a whole number within 1..1000.")
+
+
+class AdmissionPolicy(models.Model):
+    """The single policy row. It starts from the environment and operators edit it at run time."""
+
+    job_timeout_ms = models.PositiveIntegerField(
+        "JOB_TIMEOUT (ms)",
+        validators=[MinValueValidator(1_000), MaxValueValidator(3_600_000)],
+        help_text="Operator ceiling on execution.",
+    )
+    queue_ceiling_ms = models.PositiveIntegerField(
+        "WORKSPACE_QUEUE_CEILING_MS",
+        validators=[MinValueValidator(1), MaxValueValidator(300_000)],
+        help_text="Server ceiling on how long a call may wait for admission.",
+    )
+    worker_queue_limit = models.PositiveIntegerField(
+        "WORKER_QUEUE_LIMIT",
+        validators=[MinValueValidator(1), MaxValueValidator(1024)],
+        help_text="Calls admitted per worker at once, running ones included.",
+    )
+    max_lease_slots = models.PositiveSmallIntegerField(
+        "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS",
+        validators=[MinValueValidator(1), MaxValueValidator(64)],
+        help_text="Ceiling on a worker's lease slots.",
+    )
+    rate_limit = models.CharField(
+        "WORKSPACE_TOOLS_RATE_LIMIT",
+        max_length=32,
+        validators=[validate_rate_limit],
+        help_text="Per-principal budget for the workspace endpoint, e.g. 120/30s.",
+    )
+    rate_limit_enabled = models.BooleanField(default=True)
+    operation_weights = models.JSONField(
+        default=default_weights,
+        validators=[validate_weights],
+        help_text="Units each operation costs against the rate limit.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "admission policy"
+        verbose_name_plural = "admission policy"
+
+    def __str__(self) -> str:
+        return "Admission policy"
+
+    @classmethod
+    def from_env(cls) -> AdmissionPolicy:
+        env = settings.SLUICE_POLICY_DEFAULTS
+        return cls(
+            pk=1,
+            job_timeout_ms=env["JOB_TIMEOUT"],
+            queue_ceiling_ms=env["WORKSPACE_QUEUE_CEILING_MS"],
+            worker_queue_limit=env["WORKER_QUEUE_LIMIT"],
+            max_lease_slots=env["CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS"],
+            rate_limit=env["WORKSPACE_TOOLS_RATE_LIMIT"],
+        )
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.pk = 1  # There is only ever one policy row.
+        super().save(*args, **kwargs)
+
+
+class Quarantine(models.Model):
+    """An isolation key whose last mutation has an unknown outcome; calls on it are refused."""
+
+    worker_id = models.CharField(max_length=128)
+    workspace_id = models.CharField(max_length=128)
+    worktree = models.CharField(max_length=128, blank=True)
+    isolation_key_hash = models.CharField(max_length=64)
+    operation = models.CharField(max_length=32)
+    reason = models.CharField(max_length=512)
+    request_id = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+    released_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["worker_id", "isolation_key_hash"], name="quarantine_gate")]
+
+    def __str__(self) -> str:
+        lane = f"@{self.worktree}" if self.worktree else ""
+        return f"{self.worker_id}:{self.workspace_id}{lane}"
+
+
+class CompletionLog(models.Model):
+    """One row per POST to the execute endpoint, admitted or not (contract §5)."""
+
+    uid = models.CharField(max_length=32, unique=True, help_text="Names the row; a row is written once.")
+    request_id = models.CharField(max_length=128, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    tenant_hash = models.CharField(max_length=64)
+    principal_hash = models.CharField(max_length=64)
+    worker_id = models.CharField(max_length=128, blank=True)
+    workspace_id = models.CharField(max_length=128, blank=True)
+    worktree = models.CharField(max_length=128, blank=True)
+    isolation_key_hash = models.CharField(max_length=64, blank=True)
+    operation = models.CharField(max_length=32, blank=True)
+    http_status = models.PositiveSmallIntegerField()
+    code = models.CharField(max_length=64, blank=True)
+    outcome = models.CharField(max_length=16)
+    admission_outcome = models.CharField(max_length=32)
+    queue_wait_ms = models.PositiveIntegerField(default=0)
+    slot_index = models.PositiveSmallIntegerField(null=True, blank=True)
+    exec_ms = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+    deadline_budget_ms = models.PositiveIntegerField(default=0)
+    fencing_ticket = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["created_at"], name="completion_by_time"),
+            models.Index(fields=["worker_id", "created_at"], name="completion_by_worker"),
+            models.Index(fields=["isolation_key_hash", "created_at"], name="completion_by_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.operation} {self.http_status}"

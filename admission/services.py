@@ -1,0 +1,375 @@
+"""The execute call from admission to result (contract §2.3-§2.6).
+
+A call is "not started" until its assignment may have been handed to Celery; every answer
+before that point says so, every answer after it is ambiguous unless the worker said more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from redis.exceptions import RedisError
+from sluice_client.protocol import (
+    MUTATING_OPERATIONS,
+    ProtocolError,
+    isolation_key,
+    validate_error_result,
+    validate_result,
+)
+
+from admission import deadlines
+from admission.completion import CompletionDraft
+from admission.errors import ApiError
+from admission.models import Quarantine
+from admission.policy import Policy, acurrent_policy
+from admission.queue import AsyncQueue, Grant
+from admission.ratelimit import RateDecision, RateLimiter
+from admission.selectors import Target, call_target
+from workspaces.access import Caller
+from workspaces.dispatch import assignment_dispatch
+from workspaces.secrets import keyed_hash
+
+log = logging.getLogger("sluice.admission")
+
+# While waiting for a grant, a waiter re-checks its entry this often in case a push was lost
+# (a Redis failover, say). Pushes are the hot path; this is only a safety net.
+SAFETY_RECHECK_MS = 5_000
+# The worker settles by its exec deadline; give its push this long to arrive.
+SETTLE_GRACE_MS = 500
+
+
+@dataclass
+class Call:
+    caller: Caller
+    request: dict[str, Any]
+    worker_id: str
+    queue_wait_header_ms: int
+    request_id: str | None
+    draft: CompletionDraft
+    entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    response_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def operation(self) -> str:
+        return str(self.request["operation"])
+
+
+def _offline(worker_id: str) -> ApiError:
+    return ApiError(503, "WORKER_OFFLINE", f"Worker {worker_id} is offline; the operation was not started.")
+
+
+def _mismatch(message: str) -> ApiError:
+    return ApiError(409, "WORKER_MISMATCH", f"{message}; the operation was not started.")
+
+
+def check_target(call: Call, target: Target | None) -> Target:
+    """Refusals before queueing: 404 for missing and foreign workers alike, then the offer."""
+    if target is None:
+        raise ApiError(404, "WORKER_NOT_FOUND", f"Worker {call.worker_id} was not found.")
+    workspace = call.request["workspaceId"]
+    if not target.workspace_registered:
+        raise _mismatch(f"Workspace {workspace} is not registered on worker {call.worker_id}")
+    if call.operation not in target.operations:
+        raise _mismatch(f"Worker {call.worker_id} does not offer {call.operation} on workspace {workspace}")
+    if call.request.get("worktree") and not target.linked_worktree_lanes:
+        raise _mismatch(f"Worker {call.worker_id} does not offer linked-worktree lanes on workspace {workspace}")
+    if target.quarantined:
+        raise ApiError(
+            409,
+            "WORKSPACE_QUARANTINED",
+            "This workspace is quarantined after a mutation with an unknown outcome; an operator must "
+            "release it in the admin. The operation was not started.",
+        )
+    if not target.incarnation_id:
+        raise _offline(call.worker_id)
+    return target
+
+
+async def _target(call: Call) -> Target:
+    target = await sync_to_async(call_target, thread_sensitive=False)(
+        caller=call.caller,
+        worker_id=call.worker_id,
+        workspace_id=str(call.request["workspaceId"]),
+        key_hash=call.draft.isolation_key_hash,
+    )
+    return check_target(call, target)
+
+
+async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter) -> None:
+    if not policy.rate_limit_enabled:
+        return
+    decision: RateDecision = await limiter.take(
+        principal_key=call.caller.scope, policy=policy.rate, cost=policy.weight(call.operation)
+    )
+    call.response_headers.update(decision.headers(policy.rate))
+    if not decision.allowed:
+        call.draft.admission_outcome = "rate_limited"
+        raise ApiError(
+            429, "RATE_LIMITED", decision.body()["message"], headers=decision.headers(policy.rate), body=decision.body()
+        )
+
+
+async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadline: float) -> Grant:
+    """Block on this call's wake list until granted, refused, or the queue deadline passes."""
+    while True:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            break
+        message = await queue.wait(
+            worker_id=call.worker_id, entry_id=call.entry_id, timeout_ms=min(left_ms, SAFETY_RECHECK_MS)
+        )
+        if message is not None:
+            return _granted_or_raise(call, message)
+        if await queue.entry(worker_id=call.worker_id, entry_id=call.entry_id) is None:
+            # The entry vanished without a push: a lost push or a Redis restart. Look once more.
+            message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
+            if message is not None:
+                return _granted_or_raise(call, message)
+            raise _offline(call.worker_id)
+    status, grant = await queue.leave(
+        worker_id=call.worker_id, entry_id=call.entry_id, slot_ceiling=policy.max_lease_slots
+    )
+    if status == "running" and grant is not None:
+        # Granted in the same instant the budget ran out: the grant wins, the push is spent.
+        await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
+        return grant
+    if status == "gone":
+        message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
+        if message is not None:
+            return _granted_or_raise(call, message)
+    call.draft.admission_outcome = "queue_timeout"
+    raise ApiError(
+        503,
+        "WORKSPACE_QUEUE_TIMEOUT",
+        "The worker's queue did not admit the call within its queue budget; the operation was not started. "
+        "Retry after the hinted wait, or use an independent workspace.",
+        headers={"Retry-After": str(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)},
+    )
+
+
+def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
+    kind = message.get("t")
+    if kind == "grant":
+        return Grant(
+            ticket=int(message["seq"]),
+            slot=int(message["slot"]),
+            incarnation="",
+            admitted_ms=int(message["ta"]),
+            exec_deadline_ms=int(message["dl"]),
+        )
+    if kind == "cancelled":
+        call.draft.admission_outcome = "cancelled"
+        call.draft.outcome = "cancelled"
+        raise ApiError(409, "REQUEST_CANCELLED", "The call was cancelled while it waited; it was not started.")
+    raise _offline(call.worker_id)
+
+
+async def _wait_for_result(call: Call, queue: AsyncQueue, grant: Grant, deadline: float, policy: Policy) -> dict[str, Any]:
+    """Wait for the worker's settlement until the exec deadline. Past that, the outcome is unknown."""
+    left_ms = int((deadline - time.monotonic()) * 1000) + SETTLE_GRACE_MS
+    message = await queue.wait(worker_id=call.worker_id, entry_id=call.entry_id, timeout_ms=max(left_ms, 1))
+    if message is None:
+        if not await queue.release(
+            worker_id=call.worker_id, entry_id=call.entry_id, ticket=grant.ticket, slot_ceiling=policy.max_lease_slots
+        ):
+            # Settled (or cleared) between the timeout and the release: take what was pushed.
+            message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
+    if message is None or message.get("t") == "vanished":
+        raise ApiError(
+            504,
+            "ASSIGNMENT_EXPIRED",
+            "The worker did not answer before the call's execution deadline; the operation may or may not have "
+            "run. Check the workspace before resending.",
+        )
+    if message.get("t") == "offline":
+        # Deregistered after draining: whatever it had not taken it will never run.
+        raise _offline(call.worker_id)
+    return message
+
+
+async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, Any]:
+    if message.get("ok") is True:
+        result = message.get("result")
+        try:
+            validate_result(call.request, result)
+        except ProtocolError as exc:
+            log.warning("worker result refused", extra={"worker_id": call.worker_id, "reason": exc.message})
+            raise ApiError(
+                502, "RESULT_INVALID", f"The worker's result broke the protocol ({exc.message}); it may have run."
+            ) from None
+        assert isinstance(result, dict)
+        return result
+    try:
+        status, code, text = validate_error_result(message.get("error"))
+    except ProtocolError as exc:
+        raise ApiError(
+            502, "RESULT_INVALID", f"The worker's error broke the protocol ({exc.message}); it may have run."
+        ) from None
+    if message.get("quarantine") is True and call.operation in MUTATING_OPERATIONS:
+        await sync_to_async(quarantine_key, thread_sensitive=False)(call=call, reason=text)
+    raise ApiError(status, code, text)
+
+
+def quarantine_key(*, call: Call, reason: str) -> None:
+    Quarantine.objects.create(
+        worker_id=call.worker_id,
+        workspace_id=str(call.request["workspaceId"]),
+        worktree=str(call.request.get("worktree") or ""),
+        isolation_key_hash=call.draft.isolation_key_hash,
+        operation=call.operation,
+        reason=reason[:512],
+        request_id=call.draft.request_id or call.draft.uid,
+    )
+
+
+def _assignment(call: Call, grant: Grant, incarnation: str, exec_budget_ms: int, command_timeout_ms: int) -> dict[str, Any]:
+    return {
+        "assignmentId": call.entry_id,
+        "workerId": call.worker_id,
+        "incarnation": incarnation,
+        "ticket": grant.ticket,
+        "slot": grant.slot,
+        "request": call.request,
+        "execDeadlineMs": grant.exec_deadline_ms,
+        "remainingMs": exec_budget_ms,
+        "commandTimeoutMs": command_timeout_ms,
+    }
+
+
+async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -> dict[str, Any]:
+    """Admit, dispatch and await one call. Raises ApiError for every answer but a 200 result."""
+    draft = call.draft
+    base, lane = isolation_key(call.request)
+    draft.isolation_key_hash = keyed_hash("isolation", f"{call.worker_id}\x1f{base}\x1f{lane}")
+    try:
+        policy = await acurrent_policy()
+        queue_ms = deadlines.queue_budget_ms(header_ms=call.queue_wait_header_ms, ceiling_ms=policy.queue_ceiling_ms)
+        exec_ms = deadlines.exec_budget_ms(request=call.request, job_timeout_ms=policy.job_timeout_ms)
+        draft.deadline_budget_ms = deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
+        queue_deadline = draft.started_monotonic + queue_ms / 1000
+        await _rate_limit(call, policy, limiter)
+        target = await _target(call)
+        if call.request.get("workspaceInstanceId") and not await queue.bind_instance(
+            worker_id=call.worker_id, base=base, scope=call.caller.scope
+        ):
+            raise _mismatch("This workspaceInstanceId belongs to another principal")
+        if call.request_id and not await queue.claim_request_id(
+            scope=call.caller.scope,
+            request_id=call.request_id,
+            worker_id=call.worker_id,
+            entry_id=call.entry_id,
+            ttl_ms=queue_ms + exec_ms + 60_000,
+        ):
+            raise ApiError(400, "INVALID_REQUEST_ID", "This request id already names another call; it was not started.")
+        return await _admitted_call(call, queue, policy, target, queue_ms, exec_ms, queue_deadline)
+    except RedisError:
+        log.warning("admission Redis unavailable", exc_info=True)
+        if draft.admission_outcome == "admitted":
+            raise ApiError(
+                504, "ASSIGNMENT_EXPIRED", "Lost track of the call after it was admitted; it may or may not have run."
+            ) from None
+        raise ApiError(
+            503, "ADMISSION_UNAVAILABLE", "Admission is unavailable right now; the operation was not started."
+        ) from None
+    finally:
+        if call.request_id:
+            try:
+                await asyncio.shield(queue.finish_request_id(scope=call.caller.scope, request_id=call.request_id))
+            except (RedisError, asyncio.CancelledError):
+                pass
+
+
+async def _admitted_call(
+    call: Call, queue: AsyncQueue, policy: Policy, target: Target, queue_ms: int, exec_ms: int, queue_deadline: float
+) -> dict[str, Any]:
+    draft = call.draft
+    entered = await queue.enter(
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        key=isolation_key(call.request),
+        queue_budget_ms=queue_ms,
+        exec_budget_ms=exec_ms,
+        queue_limit=policy.worker_queue_limit,
+        slot_ceiling=policy.max_lease_slots,
+        operation=call.operation,
+    )
+    if entered.status == "full":
+        draft.admission_outcome = "queue_full"
+        raise ApiError(
+            429,
+            "WORKER_QUEUE_FULL",
+            f"Worker {call.worker_id} already holds {entered.held} calls; the operation was not started. "
+            "Slow down or use another worker.",
+        )
+    if entered.status == "offline":
+        raise _offline(call.worker_id)
+    draft.fencing_ticket = entered.ticket
+    waited = entered.grant is None
+    try:
+        grant = entered.grant or await _wait_for_grant(call, queue, policy, queue_deadline)
+    except asyncio.CancelledError:
+        draft.outcome, draft.admission_outcome = "disconnected", "cancelled"
+        await asyncio.shield(_leave_or_release(call, queue, policy))
+        raise
+    admitted_at = time.monotonic()
+    draft.queue_wait_ms = int((admitted_at - draft.started_monotonic) * 1000)
+    draft.slot_index = grant.slot
+    draft.admission_outcome = "admitted"
+    incarnation = entered.incarnation
+    try:
+        if waited:
+            # The worker may have been replaced or its offer withdrawn while this call waited.
+            fresh = await sync_to_async(call_target, thread_sensitive=False)(
+                caller=call.caller,
+                worker_id=call.worker_id,
+                workspace_id=str(call.request["workspaceId"]),
+                key_hash=draft.isolation_key_hash,
+            )
+            if fresh is None or fresh.incarnation_id != incarnation:
+                raise _offline(call.worker_id)
+            check_target(call, fresh)
+    except BaseException:
+        await asyncio.shield(
+            queue.release(
+                worker_id=call.worker_id, entry_id=call.entry_id, ticket=grant.ticket, slot_ceiling=policy.max_lease_slots
+            )
+        )
+        raise
+    command_timeout = deadlines.command_timeout_ms(request=call.request, job_timeout_ms=policy.job_timeout_ms)
+    assignment = _assignment(call, grant, incarnation, exec_ms, command_timeout)
+    exec_deadline = admitted_at + exec_ms / 1000
+    expires = datetime.fromtimestamp(time.time() + exec_ms / 1000, tz=UTC)
+    try:
+        # From here on the assignment may have reached the worker: no answer may say "not started".
+        await sync_to_async(assignment_dispatch, thread_sensitive=False)(assignment=assignment, expires=expires)
+    except Exception:
+        log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
+    try:
+        message = await _wait_for_result(call, queue, grant, exec_deadline, policy)
+    except asyncio.CancelledError:
+        draft.outcome = "disconnected"
+        raise
+    finally:
+        draft.exec_ms = int((time.monotonic() - admitted_at) * 1000)
+    return await _settlement_answer(call, message)
+
+
+async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy) -> None:
+    """A waiter went away: take it out of the queue; if it was granted meanwhile, free the slot."""
+    try:
+        status, grant = await queue.leave(
+            worker_id=call.worker_id, entry_id=call.entry_id, slot_ceiling=policy.max_lease_slots
+        )
+        if status == "running" and grant is not None:
+            await queue.release(
+                worker_id=call.worker_id, entry_id=call.entry_id, ticket=grant.ticket, slot_ceiling=policy.max_lease_slots
+            )
+    except RedisError:
+        log.warning("could not take a departed waiter out of the queue; it expires at its deadline", exc_info=True)

@@ -1,0 +1,124 @@
+"""The one exception a call raises, and the wording of its messages.
+
+An agent reads `not_started` to decide whether a resend is safe. Only a typed rejection from
+Sluice (reason `rejected`) says "The operation was not started" in its message; no other
+message uses that phrase, so an agent that only reads text cannot be misled into a replay.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Reason = Literal["rejected", "invalid", "timeout", "failed", "insufficient_time", "cancelled"]
+
+MAX_ERROR_BODY_BYTES = 4096
+
+NOT_STARTED_PHRASE = "The operation was not started"
+
+# What an agent should do after each typed rejection. The keys are the codes of the contract's
+# pre-enqueue rejections (the 429 rate limit has no code: its body says error "rate_limited").
+REJECTION_ADVICE: dict[str, str] = {
+    "WORKSPACE_QUEUE_TIMEOUT": (
+        "the workspace stayed busy for the whole queue wait: wait and retry later, "
+        "or pick an independent workspace"
+    ),
+    "WORKER_QUEUE_FULL": (
+        "the worker's queue is full: wait and retry later, or pick an independent workspace "
+        "on another worker"
+    ),
+    "rate_limited": "this principal is over its rate limit: slow down and retry later",
+    "WORKER_OFFLINE": "the worker went offline or restarted: wait for it and retry",
+    "SERVICE_SHUTTING_DOWN": "Sluice is restarting: wait and retry",
+    "NO_WORKER_SELECTED": "pass a worker id, or ask an admin to set a default worker",
+    "COMMAND_UNAVAILABLE": "the worker was too busy to start it in time: wait and retry",
+    "UNAUTHENTICATED": "check the API key",
+    "WORKER_NOT_FOUND": "check the worker id",
+    "WORKER_MISMATCH": (
+        "the worker does not offer this operation for this workspace: pick another worker "
+        "or workspace"
+    ),
+    "WORKSPACE_QUARANTINED": (
+        "an operator must release this workspace in Sluice admin first; meanwhile pick an "
+        "independent workspace"
+    ),
+    "REQUEST_CANCELLED": "it was cancelled while it waited: resend it if it is still wanted",
+}
+
+
+class WorkspaceToolError(Exception):
+    """A call that did not produce a result.
+
+    `not_started` is True only when the operation is known not to have reached a worker, so
+    resending it cannot run it twice. `body` holds at most 4096 bytes of the answer;
+    `truncated` says the answer was longer or was cut off in transit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: Reason,
+        not_started: bool,
+        status: int | None = None,
+        code: str | None = None,
+        body: bytes = b"",
+        truncated: bool = False,
+        request_id: str | None = None,
+        attempts: int = 0,
+    ) -> None:
+        super().__init__(message)
+        if len(body) > MAX_ERROR_BODY_BYTES:
+            body, truncated = body[:MAX_ERROR_BODY_BYTES], True
+        self.message = message
+        self.reason: Reason = reason
+        self.not_started = not_started
+        self.status = status
+        self.code = code
+        self.body = body
+        self.truncated = truncated
+        self.request_id = request_id
+        self.attempts = attempts
+
+    @property
+    def body_text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view, as the CLI prints it."""
+        return {
+            "error": self.message,
+            "reason": self.reason,
+            "not_started": self.not_started,
+            "status": self.status,
+            "code": self.code,
+            "body": self.body_text,
+            "truncated": self.truncated,
+            "request_id": self.request_id,
+            "attempts": self.attempts,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkspaceToolError(reason={self.reason!r}, status={self.status!r}, "
+            f"code={self.code!r}, not_started={self.not_started!r})"
+        )
+
+
+def rejected_message(
+    *, status: int, code: str, attempts: int, why_stopped: str | None, retry_after_ms: int | None
+) -> str:
+    advice = REJECTION_ADVICE.get(code, "check the request and retry")
+    if code == "rate_limited" and retry_after_ms is not None:
+        advice += f" (Sluice suggested {retry_after_ms / 1000:g} s)"
+    tried = f" after {attempts} attempts" if attempts > 1 else ""
+    stopped = f" Stopped retrying: {why_stopped}." if why_stopped else ""
+    return (
+        f"Sluice rejected the call with {code} (HTTP {status}){tried}.{stopped} "
+        f"{NOT_STARTED_PHRASE}: {advice}."
+    )
+
+
+def may_have_run_message(what: str) -> str:
+    # Deliberately never says "not started": the outcome is unknown, so the caller must look
+    # at the workspace before deciding to resend.
+    return f"{what}. The operation may have run: check the workspace before resending."

@@ -1,0 +1,292 @@
+"""The blocking client: an I/O shell around `CallPolicy`.
+
+Cancellation uses a `threading.Event`. A wait stops the moment it is set. An in-flight
+request is aborted like this: when a cancel event is given, the attempt runs on a helper
+thread while the caller's thread watches the event (every 10 ms). On cancel, the caller gets
+the `cancelled` error at once, and the attempt's socket is shut down (`shutdown(SHUT_RDWR)`,
+which, unlike `close()`, wakes a thread blocked in `recv`). Sluice then sees the disconnect
+and drops the call from its queue. The socket is captured through httpx's `trace`
+extension when the connection is made; to make sure every attempt makes one, this client
+sends `Connection: close` and never reuses a connection. That costs a TCP (and TLS)
+handshake per attempt, small next to the waits this client exists for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from sluice_client._base import (
+    EXECUTE_PATH,
+    Credentials,
+    PreparedCall,
+    attempt_headers,
+    cancel_transport_error,
+    cancel_url,
+    check_credentials,
+    check_worker_id,
+    credential_failure,
+    credential_headers,
+    prepare_call,
+    to_ms,
+    user_agent,
+)
+from sluice_client.operations import OperationHelpers
+from sluice_client.policy import AttemptPlan, Budgets, CallPolicy, Fail, Retry
+from sluice_client.responses import BodyBuffer, RawResponse, cancel_state, read_limit
+
+_CANCEL_POLL_S = 0.01
+# Connection events whose stream holds the socket this attempt reads from. TLS wraps (and
+# detaches) the TCP socket, so the TLS stream's socket is captured too.
+_SOCKET_EVENTS = frozenset(
+    {
+        "connection.connect_tcp.complete",
+        "connection.connect_unix_socket.complete",
+        "connection.start_tls.complete",
+    }
+)
+
+
+class _Aborted(Exception):
+    """The cancel event fired while a request was in flight."""
+
+
+class _SocketAbort:
+    """Collects the sockets of one attempt so that a cancel can shut them down."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._fired = False
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        if event not in _SOCKET_EVENTS or info.get("return_value") is None:
+            return
+        sock = info["return_value"].get_extra_info("socket")
+        if not isinstance(sock, socket.socket):
+            return
+        with self._lock:
+            if not self._fired:
+                self._sockets.append(sock)
+                return
+        _shutdown(sock)  # the cancel came while this connection was being made
+
+    def fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    # socket.socket.shutdown, not SSLSocket.shutdown: the latter also drops the TLS object
+    # under the feet of the thread still reading from it. OSError: already closed, or
+    # detached by the TLS wrap.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class Client(OperationHelpers[dict[str, Any]]):
+    """Blocking Sluice client. See README.md for the retry rules."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: Credentials,
+        worker_id: str | None = None,
+        max_queue_wait_ms: int = 300_000,
+        max_rate_limit_wait_ms: int = 20_000,
+        max_request_timeout_ms: int | None = None,
+        retry_queue_full: bool = False,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
+        check_credentials(api_key)
+        check_worker_id(worker_id)
+        self._budgets = Budgets(
+            max_queue_wait_ms=max_queue_wait_ms,
+            max_rate_limit_wait_ms=max_rate_limit_wait_ms,
+            max_request_timeout_ms=max_request_timeout_ms,
+            retry_queue_full=retry_queue_full,
+        )
+        self._api_key = api_key
+        self.worker_id = worker_id
+        # `clock` is in seconds like time.monotonic; a `deadline` is a point on it.
+        self._clock = clock or time.monotonic
+        self._sleep = sleep
+        self._wall_clock = wall_clock or time.time
+        self._http = httpx.Client(
+            base_url=base_url,
+            transport=transport,
+            headers={"User-Agent": user_agent(), "Connection": "close"},
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def execute(
+        self,
+        request: Mapping[str, Any],
+        *,
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+        request_id: str | None = None,
+        **budgets: Any,
+    ) -> dict[str, Any]:
+        """Run one operation; return its result or raise WorkspaceToolError.
+
+        `deadline` is an absolute time on the client's clock (seconds); `budgets` override the
+        client's for this call (`max_queue_wait_ms`, `max_rate_limit_wait_ms`,
+        `max_request_timeout_ms`, `retry_queue_full`). `request_id` names the call for
+        `cancel_request`; one is generated when absent.
+        """
+        call = prepare_call(
+            request, budgets=self._budgets, overrides=budgets, request_id=request_id
+        )
+        policy = CallPolicy(
+            request=call.request,
+            budgets=call.budgets,
+            start_ms=self._now_ms(),
+            deadline_ms=None if deadline is None else to_ms(deadline),
+            request_id=call.request_id,
+        )
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise policy.cancelled(in_flight=False).error
+            headers, plan = self._plan(policy, call)
+            policy.sent()
+            try:
+                response = self._send(call.body, headers, plan, cancel)
+            except _Aborted:
+                raise policy.cancelled(in_flight=True).error from None
+            except httpx.HTTPError as exc:
+                raise policy.on_transport_error(exc).error from exc
+            decision = policy.on_response(
+                response, now_ms=self._now_ms(), wall_now_s=self._wall_clock()
+            )
+            if isinstance(decision, Fail):
+                raise decision.error
+            if not isinstance(decision, Retry):
+                return decision
+            if not self._wait(decision.wait_ms / 1000, cancel):
+                raise policy.cancelled(in_flight=False).error
+            policy.wait_over(now_ms=self._now_ms())
+
+    def cancel_request(self, request_id: str) -> str:
+        """Ask Sluice to drop a waiting call; returns "cancelled", "running" or "finished"."""
+        url = cancel_url(request_id)
+        headers = self._mint(request_id)
+        try:
+            response = self._exchange(
+                self._http.build_request("DELETE", url, headers=headers, timeout=30.0)
+            )
+        except httpx.HTTPError as exc:
+            raise cancel_transport_error(exc, request_id) from exc
+        outcome = cancel_state(response, request_id=request_id)
+        if isinstance(outcome, str):
+            return outcome
+        raise outcome
+
+    # -- I/O ---------------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return to_ms(self._clock())
+
+    def _mint(self, request_id: str) -> dict[str, str]:
+        """Call the credentials source once (rule 5)."""
+        try:
+            minted = self._api_key() if callable(self._api_key) else self._api_key
+            return credential_headers(minted)
+        except Exception as exc:
+            raise credential_failure(exc, request_id) from exc
+
+    def _plan(self, policy: CallPolicy, call: PreparedCall) -> tuple[dict[str, str], AttemptPlan]:
+        attempt_start_ms = self._now_ms()
+        # Checked before minting too, so a call that cannot fit does not mint a token.
+        early = policy.plan(attempt_start_ms=attempt_start_ms, now_ms=attempt_start_ms)
+        if isinstance(early, Fail):
+            raise early.error
+        credentials = self._mint(call.request_id)
+        plan = policy.plan(attempt_start_ms=attempt_start_ms, now_ms=self._now_ms())
+        if isinstance(plan, Fail):
+            raise plan.error
+        headers = attempt_headers(
+            credentials=credentials, worker_id=self.worker_id, call=call, plan=plan
+        )
+        return headers, plan
+
+    def _wait(self, seconds: float, cancel: threading.Event | None) -> bool:
+        """Sleep; False when the cancel event fired (the wait then ends at once)."""
+        if self._sleep is not None:
+            self._sleep(seconds)
+        elif cancel is not None:
+            return not cancel.wait(seconds)
+        else:
+            time.sleep(seconds)
+        return cancel is None or not cancel.is_set()
+
+    def _send(
+        self,
+        body: bytes,
+        headers: dict[str, str],
+        plan: AttemptPlan,
+        cancel: threading.Event | None,
+    ) -> RawResponse:
+        total_s = plan.timeout_ms / 1000
+        timeout = httpx.Timeout(total_s, connect=min(10.0, total_s))
+        request = self._http.build_request(
+            "POST", EXECUTE_PATH, content=body, headers=headers, timeout=timeout
+        )
+        if cancel is None:
+            return self._exchange(request)
+        abort = _SocketAbort()
+        request.extensions["trace"] = abort.trace
+        outcome: list[RawResponse | BaseException] = []
+        done = threading.Event()
+
+        def attempt() -> None:
+            try:
+                outcome.append(self._exchange(request))
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=attempt, name="sluice-client-attempt", daemon=True).start()
+        while not done.wait(_CANCEL_POLL_S):
+            if cancel.is_set():
+                abort.fire()
+                raise _Aborted
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def _exchange(self, request: httpx.Request) -> RawResponse:
+        response = self._http.send(request, stream=True)
+        try:
+            buffer = BodyBuffer(read_limit(response.status_code))
+            try:
+                for chunk in response.iter_bytes():
+                    if not buffer.feed(chunk):
+                        break
+            except httpx.HTTPError:
+                buffer.cut_off = True  # the status is real, the body is not whole
+            return buffer.response(response.status_code, response.headers)
+        finally:
+            response.close()

@@ -1,0 +1,97 @@
+"""Fixtures for the workspace operations: real directories, real files, no Django database.
+
+``run`` and ``refuse`` build complete requests (every default filled, as validation would)
+so each test only names the fields it is about.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from workspaces.operations import OperationError, run_operation
+
+DEFAULTS: dict[str, dict[str, object]] = {
+    "read_file": {"startLine": 1, "maxLines": 200},
+    "list_files": {"path": "", "maxResults": 100},
+    "search_text": {"path": "", "maxResults": 50},
+    "write_file": {"overwrite": False},
+    "preview_edit": {},
+    "edit_file": {},
+    "execute_command": {"cwd": "", "timeoutMs": 30_000, "maxOutputBytes": 256 * 1024},
+}
+
+Run = Callable[..., dict[str, object]]
+Refuse = Callable[..., OperationError]
+
+
+def make_request(operation: str, **fields: object) -> dict[str, object]:
+    return {
+        "protocolVersion": 1,
+        "operation": operation,
+        "workspaceId": "ws-1",
+        **DEFAULTS[operation],
+        **fields,
+    }
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return Path(os.path.realpath(root))
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A directory next to the workspace, holding a secret the operations must never touch."""
+    directory = tmp_path / "outside"
+    directory.mkdir()
+    (directory / "secret.txt").write_text("TOP SECRET\n")
+    return directory
+
+
+@pytest.fixture
+def run(workspace: Path) -> Run:
+    def _run(
+        operation: str, *, root: Path | None = None, timeout_s: float = 30, **fields: object
+    ) -> dict[str, object]:
+        request = make_request(operation, **fields)
+        return run_operation(
+            request, root=str(root or workspace), deadline=time.monotonic() + timeout_s
+        )
+
+    return _run
+
+
+@pytest.fixture
+def refuse(run: Run, tmp_path: Path) -> Refuse:
+    """Run a call that must fail; return the error after checking it names no host path."""
+
+    def _refuse(operation: str, **fields: object) -> OperationError:
+        with pytest.raises(OperationError) as caught:
+            run(operation, **fields)
+        assert str(tmp_path) not in caught.value.message
+        return caught.value
+
+    return _refuse
+
+
+Snapshot = Callable[[Path], dict[str, bytes]]
+
+
+@pytest.fixture
+def snapshot() -> Snapshot:
+    """Every entry below a directory with its content, to prove nothing there changed."""
+
+    def _snapshot(directory: Path) -> dict[str, bytes]:
+        return {
+            str(path.relative_to(directory)): path.read_bytes() if path.is_file() else b"<dir>"
+            for path in sorted(directory.rglob("*"))
+        }
+
+    return _snapshot

@@ -1,0 +1,106 @@
+"""`manage.py runworker`: run one workspace worker in the foreground (contract §1, §4)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from admission.connections import sync_queue
+from config.celery import app
+from workspaces.runtime import state as worker_state
+from workspaces.runtime.config import WorkerConfigError, check_slots, default_slots, parse_workspaces
+from workspaces.runtime.control import ControlPlane, RegistrationRefused
+
+log = logging.getLogger("sluice.worker")
+
+
+class Command(BaseCommand):
+    help = "Run a Sluice workspace worker: register, take assignments from its queue, run them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--worker-id", required=True)
+        parser.add_argument("--token", required=True)
+        parser.add_argument("--workspace", action="append", default=[], metavar="ID=PATH")
+        parser.add_argument("--linked-worktree-lanes", action="store_true")
+        parser.add_argument("--slots", type=int, default=None)
+        parser.add_argument("--api", default=os.environ.get("SLUICE_API_URL", "http://127.0.0.1:8000"))
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            workspaces = parse_workspaces(options["workspace"])
+            slots = check_slots(options["slots"] if options["slots"] is not None else default_slots())
+        except WorkerConfigError as exc:
+            raise CommandError(str(exc)) from None
+        if len(workspaces) > 1 and slots == 1:
+            log.warning(
+                "%d workspaces share 1 slot: calls on different workspaces will wait for each other",
+                len(workspaces),
+            )
+        lanes = bool(options["linked_worktree_lanes"])
+        control = ControlPlane(options["api"], worker_id=options["worker_id"], token=options["token"])
+        offered = [
+            {"workspaceId": w.workspace_id, "operations": sorted(w.operations), "linkedWorktreeLanes": lanes}
+            for w in workspaces
+        ]
+        try:
+            answer = control.register(workspaces=offered, slots=slots)
+        except RegistrationRefused as exc:
+            raise CommandError(str(exc)) from None
+        state = worker_state.WorkerState(
+            worker_id=options["worker_id"],
+            incarnation=answer["incarnationId"],
+            workspaces={w.workspace_id: w for w in workspaces},
+            lanes=lanes,
+            queue=sync_queue(),
+        )
+        state.sync_clock()
+        worker_state.install(state)
+        self.stdout.write(
+            f"worker {state.worker_id} registered: incarnation {state.incarnation}, "
+            f"slots {answer['slots']}, queue {answer['queue']}, workspaces {len(workspaces)}",
+        )
+        self.stdout.flush()
+        stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(control, state, stop), daemon=True)
+        beat.start()
+        try:
+            self._consume(answer["queue"], int(answer["slots"]))
+        finally:
+            stop.set()
+            # Drained: Celery's warm shutdown waited for the calls that had started.
+            control.deregister(state.incarnation)
+            worker_state.install(None)
+            self.stdout.write(f"worker {state.worker_id} deregistered")
+
+    def _consume(self, queue: str, slots: int) -> None:
+        worker = app.Worker(
+            queues=[queue],
+            concurrency=slots,
+            pool="threads",
+            hostname=f"{queue}@%h",
+            loglevel="WARNING",
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+            prefetch_multiplier=1,
+            quiet=True,
+        )
+        worker.start()
+
+    def _heartbeat(self, control: ControlPlane, state: worker_state.WorkerState, stop: threading.Event) -> None:
+        while not stop.wait(settings.WORKER_HEARTBEAT_S):
+            alive = control.heartbeat(state.incarnation)
+            if alive is False:
+                log.error("this incarnation was replaced or expired; shutting down")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            try:
+                state.sync_clock()
+            except Exception:
+                log.warning("could not read the Redis clock", exc_info=True)

@@ -1,0 +1,198 @@
+"""execute_command: ``/bin/sh -c`` in its own process group, bounded in time and output.
+
+The command is the leader of a new session, so its process group holds everything it spawns
+that did not deliberately leave (``setsid``). Whatever happens, the group gets SIGKILL before
+we return: a background job must not outlive the call and keep writing to the workspace
+after the next call (perhaps another agent's) has started there.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import time
+
+from workspaces.operations.errors import OperationError, OutcomeUnknown
+from workspaces.operations.paths import resolve_dir
+
+# After the leader exits, grandchildren may still hold stdout/stderr open (``cmd &``). We read
+# for this long more, then kill the group, so a forgotten background job costs 100 ms rather
+# than the whole timeout.
+GRACE_AFTER_EXIT_S = 0.1
+# After the kill, output already in the pipes is still collected for at most this long.
+DRAIN_AFTER_KILL_S = 0.1
+# Without a pidfd (Linux < 5.3) the leader's exit is noticed by polling at this interval.
+EXIT_POLL_S = 0.05
+_READ_CHUNK = 64 * 1024
+
+
+def _leader_exited(pid: int) -> bool:
+    # WNOWAIT leaves the leader a zombie: its pid, and so its process group id, stays reserved
+    # until we reap it after the group kill, so the kill can never hit a recycled group.
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    return info is not None
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.cut = False
+
+    def text(self) -> str:
+        if not self.cut:
+            return self.data.decode("utf-8", errors="replace")
+        # A cut can split a multi-byte character; the incremental decoder drops that partial
+        # tail instead of turning it into U+FFFD.
+        return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(
+            bytes(self.data), final=False
+        )
+
+
+class _Capture:
+    """Reads stdout and stderr together, keeping the first ``cap`` bytes of each.
+
+    Reading goes on past the cap (the excess is dropped) so the child never blocks on a full
+    pipe and its exit is not delayed by our limit.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], cap: int) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self.cap = cap
+        self.out = _Stream()
+        self.err = _Stream()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(proc.stdout.fileno(), selectors.EVENT_READ, self.out)
+        self.selector.register(proc.stderr.fileno(), selectors.EVENT_READ, self.err)
+        self.pipes_open = 2
+        self.pidfd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):
+            self.pidfd = os.pidfd_open(proc.pid)
+            # Readable once the leader exits: wakes the loop without polling.
+            self.selector.register(self.pidfd, selectors.EVENT_READ, None)
+
+    def forget_pidfd(self) -> None:
+        # An exited process's pidfd stays readable; left registered it would spin the loop.
+        if self.pidfd is not None:
+            self.selector.unregister(self.pidfd)
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    def wait(self, timeout_s: float) -> None:
+        if not self.selector.get_map():
+            time.sleep(max(0.0, timeout_s))
+            return
+        for key, _ in self.selector.select(max(0.0, timeout_s)):
+            if key.data is None:
+                continue
+            chunk = os.read(key.fd, _READ_CHUNK)
+            if not chunk:
+                self.selector.unregister(key.fd)
+                self.pipes_open -= 1
+                continue
+            stream: _Stream = key.data
+            room = self.cap - len(stream.data)
+            if len(chunk) > room:
+                stream.cut = True
+            if room > 0:
+                stream.data += chunk[:room]
+
+    def close(self) -> None:
+        self.forget_pidfd()
+        self.selector.close()
+
+
+def _run(proc: subprocess.Popen[bytes], capture: _Capture, end: float) -> bool:
+    """Pump output until the command is done; True when it ran out of time."""
+    exited_at: float | None = None
+    while True:
+        now = time.monotonic()
+        if exited_at is None and _leader_exited(proc.pid):
+            exited_at = now
+            capture.forget_pidfd()
+        if exited_at is not None:
+            if capture.pipes_open == 0 or now >= exited_at + GRACE_AFTER_EXIT_S:
+                return False
+            capture.wait(exited_at + GRACE_AFTER_EXIT_S - now)
+            continue
+        if now >= end:
+            return True
+        wait_s = end - now if capture.pidfd is not None else min(end - now, EXIT_POLL_S)
+        capture.wait(wait_s)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+def execute_command(request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
+    command = str(request["command"])
+    cwd = resolve_dir(root, str(request.get("cwd") or ""))
+    budget_s = min(int(str(request["timeoutMs"])) / 1000, deadline - time.monotonic())
+    cap = int(str(request["maxOutputBytes"]))
+    if budget_s <= 0:
+        raise OperationError(
+            "COMMAND_UNAVAILABLE", "No time was left before the deadline to start the command."
+        )
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise OperationError(
+            "COMMAND_UNAVAILABLE", f"The command could not be started: {exc.strerror}."
+        ) from None
+    capture: _Capture | None = None
+    try:
+        # Everything after Popen is inside this try: the command is running, so whatever goes
+        # wrong, the finally below must still kill its group and reap it.
+        capture = _Capture(proc, cap)
+        timed_out = _run(proc, capture, time.monotonic() + budget_s)
+        _kill_group(proc.pid)
+        drain_end = time.monotonic() + DRAIN_AFTER_KILL_S
+        while capture.pipes_open and time.monotonic() < drain_end:
+            capture.wait(drain_end - time.monotonic())
+    except OSError:
+        raise OutcomeUnknown(
+            "COMMAND_UNAVAILABLE", "The command started but its outcome could not be collected."
+        ) from None
+    finally:
+        # Kill before reaping: the leader's zombie keeps the group id from being reused.
+        _kill_group(proc.pid)
+        proc.wait()
+        if capture is not None:
+            capture.close()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    result: dict[str, object] = {
+        "exitCode": None,
+        "stdout": capture.out.text(),
+        "stderr": capture.err.text(),
+        "truncated": capture.out.cut or capture.err.cut,
+        "timedOut": timed_out,
+    }
+    if timed_out:
+        result["signal"] = "SIGKILL"
+    elif proc.returncode < 0:
+        result["signal"] = _signal_name(-proc.returncode)
+    else:
+        result["exitCode"] = proc.returncode
+    return result

@@ -1,0 +1,1 @@
+"""The worker runtime: what `manage.py runworker` runs on a user's machine."""

@@ -1,0 +1,96 @@
+"""Runs one assignment at most once and settles its result through Redis."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from sluice_client.protocol import MUTATING_OPERATIONS
+
+from workspaces.operations import OperationError, OutcomeUnknown, resolve_lane, run_operation
+from workspaces.runtime import state as worker_state
+
+log = logging.getLogger("sluice.worker")
+
+# Time kept back from the exec deadline so the result still reaches the API in time.
+SETTLE_MARGIN_MS = 500
+# A ticket is remembered this long past its deadline; any redelivery after that is expired.
+REMEMBER_TICKET_S = 3600.0
+
+
+def _family(operation: str) -> str:
+    if operation == "execute_command":
+        return "COMMAND"
+    return "WRITE" if operation in MUTATING_OPERATIONS else "READ"
+
+
+def _error(code: str, message: str, *, quarantine: bool = False) -> dict[str, Any]:
+    return {"t": "result", "ok": False, "error": {"error": message, "code": code}, "quarantine": quarantine}
+
+
+def assignment_run(assignment: dict[str, Any]) -> None:
+    st = worker_state.current()
+    if st is None:
+        log.error("assignment received outside a running worker; dropped")
+        return
+    ticket = int(assignment["ticket"])
+    fields = {"worker_id": st.worker_id, "ticket": ticket, "slot": assignment.get("slot")}
+    if assignment.get("incarnation") != st.incarnation or assignment.get("workerId") != st.worker_id:
+        st.count_drop("stale")
+        log.warning("assignment for another incarnation dropped", extra=fields)
+        return
+    if not st.first_sight(ticket, REMEMBER_TICKET_S):
+        st.count_drop("duplicate")
+        log.warning("duplicate delivery dropped", extra=fields)
+        return
+    remaining_ms = float(assignment["execDeadlineMs"]) - st.redis_now_ms()
+    if remaining_ms <= 0:
+        st.count_drop("expired")
+        log.warning("assignment past its deadline dropped", extra=fields)
+        return
+    payload = _execute(st, assignment, remaining_ms)
+    accepted = st.queue.settle(
+        worker_id=st.worker_id,
+        entry_id=str(assignment["assignmentId"]),
+        incarnation=st.incarnation,
+        ticket=ticket,
+        payload=payload,
+    )
+    if not accepted:
+        log.warning("settlement discarded: the assignment is no longer live", extra=fields)
+
+
+def _execute(st: worker_state.WorkerState, assignment: dict[str, Any], remaining_ms: float) -> dict[str, Any]:
+    request = assignment["request"]
+    operation = str(request["operation"])
+    family = _family(operation)
+    if remaining_ms <= SETTLE_MARGIN_MS:
+        return _error(f"{family}_UNAVAILABLE", "The worker could not start the call before its deadline; it was not started.")
+    workspace = st.workspaces.get(str(request["workspaceId"]))
+    if workspace is None:
+        return _error("WORKER_MISMATCH", "This workspace is not registered on the worker; it was not started.")
+    deadline = time.monotonic() + (remaining_ms - SETTLE_MARGIN_MS) / 1000
+    if operation == "execute_command":
+        # The command's own timeout is capped by the operator's JOB_TIMEOUT (sent by the API).
+        request = dict(request, timeoutMs=min(int(request["timeoutMs"]), int(assignment["commandTimeoutMs"])))
+    try:
+        root = workspace.root
+        if request.get("worktree"):
+            if not st.lanes:
+                raise OperationError("WORKER_MISMATCH", "This worker does not offer linked-worktree lanes.")
+            root = resolve_lane(root, str(request["worktree"]))
+        result = run_operation(request, root=root, deadline=deadline, offered=workspace.operations)
+    except OutcomeUnknown as exc:
+        return _error(exc.code, exc.message, quarantine=True)
+    except OperationError as exc:
+        return _error(exc.code, exc.message)
+    except Exception:
+        log.exception("operation failed unexpectedly", extra={"worker_id": st.worker_id, "operation": operation})
+        # A mutation that blew up half-way has an unknown outcome.
+        return _error(
+            f"{family}_UNAVAILABLE",
+            "The worker failed while running the call.",
+            quarantine=operation in MUTATING_OPERATIONS,
+        )
+    return {"t": "result", "ok": True, "result": result}

@@ -1,0 +1,65 @@
+"""What one running worker process knows: its incarnation, workspaces and the fence.
+
+Assignments run on Celery's thread pool inside the `runworker` process; they find the
+worker's state here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from admission.queue import SyncQueue
+from workspaces.runtime.config import WorkspaceRoot
+
+
+@dataclass
+class WorkerState:
+    worker_id: str
+    incarnation: str
+    workspaces: dict[str, WorkspaceRoot]
+    lanes: bool
+    queue: SyncQueue
+    # Redis clock minus this host's clock, in ms: deadlines are on Redis's clock.
+    clock_offset_ms: float = 0.0
+    seen: dict[int, float] = field(default_factory=dict)  # ticket -> when it may be forgotten (monotonic)
+    dropped: dict[str, int] = field(default_factory=lambda: {"stale": 0, "duplicate": 0, "expired": 0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def redis_now_ms(self) -> float:
+        return time.time() * 1000 + self.clock_offset_ms
+
+    def sync_clock(self) -> None:
+        before = time.time()
+        seconds, micros = self.queue.client.time()
+        after = time.time()
+        self.clock_offset_ms = seconds * 1000 + micros / 1000 - (before + after) * 500
+
+    def first_sight(self, ticket: int, forget_after_s: float) -> bool:
+        """True the first time this incarnation sees a ticket; a redelivery returns False."""
+        now = time.monotonic()
+        with self.lock:
+            if ticket in self.seen:
+                return False
+            # Tickets are forgotten only well after their deadline, when a redelivery is stale anyway.
+            for old in [t for t, until in self.seen.items() if until < now]:
+                del self.seen[old]
+            self.seen[ticket] = now + forget_after_s
+            return True
+
+    def count_drop(self, reason: str) -> None:
+        with self.lock:
+            self.dropped[reason] = self.dropped.get(reason, 0) + 1
+
+
+_current: WorkerState | None = None
+
+
+def install(state: WorkerState | None) -> None:
+    global _current
+    _current = state
+
+
+def current() -> WorkerState | None:
+    return _current

@@ -1,0 +1,71 @@
+"""Worker lifecycle on the server: registration, heartbeats, deregistration."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from admission.connections import sync_queue
+from admission.policy import current_policy
+from workspaces.dispatch import worker_queue_name
+from workspaces.models import Worker, WorkerWorkspace
+
+
+@dataclass(frozen=True)
+class OfferedWorkspace:
+    workspace_id: str
+    operations: list[str]
+    linked_worktree_lanes: bool
+
+
+def _ttl_ms() -> int:
+    return settings.WORKER_OFFLINE_AFTER_S * 1000
+
+
+def worker_register(*, worker: Worker, workspaces: list[OfferedWorkspace], slots: int) -> dict[str, object]:
+    """A new incarnation: calls waiting for the old one are told WORKER_OFFLINE, none moves over."""
+    incarnation = uuid.uuid4().hex
+    negotiated = min(slots, current_policy().max_lease_slots)
+    now = timezone.now()
+    with transaction.atomic():
+        Worker.objects.filter(pk=worker.pk).update(
+            incarnation_id=incarnation,
+            requested_slots=slots,
+            slots=negotiated,
+            registered_at=now,
+            last_heartbeat_at=now,
+        )
+        WorkerWorkspace.objects.filter(worker=worker).delete()
+        WorkerWorkspace.objects.bulk_create(
+            WorkerWorkspace(
+                worker=worker,
+                workspace_id=w.workspace_id,
+                operations=sorted(w.operations),
+                linked_worktree_lanes=w.linked_worktree_lanes,
+            )
+            for w in workspaces
+        )
+    # Postgres first: a call admitted against the old incarnation in between is dropped
+    # by the Redis step below and answered WORKER_OFFLINE.
+    sync_queue().register_incarnation(
+        worker_id=worker.worker_id, incarnation=incarnation, slots=slots, ttl_ms=_ttl_ms()
+    )
+    return {"incarnationId": incarnation, "slots": negotiated, "queue": worker_queue_name(worker.worker_id)}
+
+
+def worker_heartbeat(*, worker: Worker, incarnation: str) -> bool:
+    """False when this incarnation was replaced or expired: the worker must stop or re-register."""
+    if not sync_queue().heartbeat(worker_id=worker.worker_id, incarnation=incarnation, ttl_ms=_ttl_ms()):
+        return False
+    Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(last_heartbeat_at=timezone.now())
+    return True
+
+
+def worker_deregister(*, worker: Worker, incarnation: str) -> int:
+    told = sync_queue().deregister(worker_id=worker.worker_id, incarnation=incarnation)
+    Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(incarnation_id="")
+    return told

@@ -1,0 +1,94 @@
+"""The worker-facing API: register, heartbeat, deregister (worker token auth)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from sluice_client.protocol import OPERATIONS
+
+from admission.errors import ApiError
+from workspaces.auth import WorkerTokenAuthentication
+from workspaces.runtime.config import MAX_SLOTS, WORKSPACE_ID
+from workspaces.services import OfferedWorkspace, worker_deregister, worker_heartbeat, worker_register
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses unknown keys instead of ignoring them."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(f"unknown field {unknown[0]}")
+        return super().to_internal_value(data)
+
+
+class OfferedWorkspaceSerializer(StrictSerializer):
+    workspaceId = serializers.RegexField(WORKSPACE_ID.pattern + r"\Z")
+    operations = serializers.ListField(child=serializers.ChoiceField(sorted(OPERATIONS)), min_length=1, max_length=len(OPERATIONS))
+    linkedWorktreeLanes = serializers.BooleanField(default=False)
+
+
+class RegisterSerializer(StrictSerializer):
+    workerId = serializers.CharField(max_length=128)
+    workspaces = OfferedWorkspaceSerializer(many=True, min_length=1, max_length=256)
+    slots = serializers.IntegerField(min_value=1, max_value=MAX_SLOTS)
+
+    def validate_workspaces(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        ids = [w["workspaceId"] for w in value]
+        if len(ids) != len(set(ids)):
+            raise serializers.ValidationError("workspace ids must be unique")
+        return value
+
+
+class IncarnationSerializer(StrictSerializer):
+    workerId = serializers.CharField(max_length=128)
+    incarnationId = serializers.RegexField(r"^[0-9a-f]{32}\Z")
+
+
+def _own_worker(request: Request, worker_id: str) -> Any:
+    worker = request.user.worker  # type: ignore[union-attr]
+    if worker_id != worker.worker_id:
+        raise ApiError(403, "FORBIDDEN", "This worker token belongs to another worker.")
+    return worker
+
+
+class _WorkerApi(APIView):
+    authentication_classes = [WorkerTokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+
+class WorkerRegisterApi(_WorkerApi):
+    def post(self, request: Request) -> Response:
+        data = RegisterSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        worker = _own_worker(request, data.validated_data["workerId"])
+        offered = [
+            OfferedWorkspace(w["workspaceId"], sorted(set(w["operations"])), w["linkedWorktreeLanes"])
+            for w in data.validated_data["workspaces"]
+        ]
+        return Response(worker_register(worker=worker, workspaces=offered, slots=data.validated_data["slots"]))
+
+
+class WorkerHeartbeatApi(_WorkerApi):
+    def post(self, request: Request) -> Response:
+        data = IncarnationSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        worker = _own_worker(request, data.validated_data["workerId"])
+        if not worker_heartbeat(worker=worker, incarnation=data.validated_data["incarnationId"]):
+            raise ApiError(409, "WORKER_SUPERSEDED", "This incarnation was replaced or has expired; register again.")
+        return Response({"ok": True})
+
+
+class WorkerDeregisterApi(_WorkerApi):
+    def post(self, request: Request) -> Response:
+        data = IncarnationSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        worker = _own_worker(request, data.validated_data["workerId"])
+        told = worker_deregister(worker=worker, incarnation=data.validated_data["incarnationId"])
+        return Response({"ok": True, "offline": max(told, 0)})
