@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -44,3 +45,84 @@ def sync_redis(redis_prefix: str) -> Iterator[redis.Redis]:
     for key in client.scan_iter(match=f"{redis_prefix}*", count=1000):
         client.delete(key)
     client.close()
+
+
+# ---------------------------------------------------------------------------------------
+# End-to-end: real API servers (uvicorn) and real workers (runworker) on the test database.
+
+from dataclasses import dataclass  # noqa: E402
+
+from livesupport import ApiServer, Worker, base_env, start_api, unique  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def live_env(django_db_setup: None, django_db_blocker: Any) -> dict[str, str]:
+    from django.db import connection
+
+    db = connection.settings_dict
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    host = db["HOST"] or "127.0.0.1"
+    url = f"postgres://{auth}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+    if host.startswith("/"):
+        url = f"postgres://{auth}@/{db['NAME']}?host={host}"
+    return base_env({
+        "DATABASE_URL": url,
+        "SLUICE_REDIS_PREFIX": settings.REDIS_KEY_PREFIX,
+        "REDIS_URL": settings.REDIS_URL,
+        "ADMISSION_REDIS_URL": settings.ADMISSION_REDIS_URL,
+    })
+
+
+@pytest.fixture(scope="session")
+def api_servers(live_env: dict[str, str]) -> Iterator[list[ApiServer]]:
+    servers = [start_api(live_env), start_api(live_env)]
+    yield servers
+    for server in servers:
+        server.process.stop()
+
+
+@pytest.fixture
+def api(api_servers: list[ApiServer], transactional_db: None) -> ApiServer:
+    return api_servers[0]
+
+
+@dataclass
+class Account:
+    tenant: str
+    user: str
+    api_key: str
+    worker_id: str
+    worker_token: str
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+@pytest.fixture
+def account_factory(transactional_db: None) -> Any:
+    from workspaces.management.commands.bootstrap import bootstrap
+
+    def make(tenant: str | None = None, user: str = "owner", worker: str | None = None) -> Account:
+        result = bootstrap(tenant=tenant or unique("tenant"), user=user, worker_id=worker or unique("w"))
+        return Account(**result)
+
+    return make
+
+
+@pytest.fixture
+def worker_factory(api: ApiServer, live_env: dict[str, str]) -> Iterator[Any]:
+    started: list[Worker] = []
+
+    def make(account: Account, workspaces: dict[str, Any], *, slots: int | None = None,
+             lanes: bool = False, start: bool = True) -> Worker:
+        worker = Worker(
+            worker_id=account.worker_id, token=account.worker_token, workspaces=workspaces,
+            api_url=api.url, env=live_env, slots=slots, lanes=lanes,
+        )
+        started.append(worker)
+        return worker.start() if start else worker
+
+    yield make
+    for worker in started:
+        worker.kill()

@@ -108,13 +108,14 @@ def rejected_message(
     *, status: int, code: str, attempts: int, why_stopped: str | None, retry_after_ms: int | None
 ) -> str:
     advice = REJECTION_ADVICE.get(code, "check the request and retry")
+    advice = advice[0].upper() + advice[1:]
     if code == "rate_limited" and retry_after_ms is not None:
         advice += f" (Sluice suggested {retry_after_ms / 1000:g} s)"
     tried = f" after {attempts} attempts" if attempts > 1 else ""
     stopped = f" Stopped retrying: {why_stopped}." if why_stopped else ""
     return (
-        f"Sluice rejected the call with {code} (HTTP {status}){tried}.{stopped} "
-        f"{NOT_STARTED_PHRASE}: {advice}."
+        f"Sluice rejected the call with {code} (HTTP {status}){tried}. "
+        f"{NOT_STARTED_PHRASE}. {advice}.{stopped}"
     )
 
 

@@ -161,7 +161,9 @@ def _commit(tmp: str, real: str, rel: str, *, exclusive: bool) -> None:
                     raise FileExistsError(errno.EEXIST, "exists") from None
                 os.replace(tmp, real)
             else:
-                os.unlink(tmp)
+                # The target exists now; a temp name left behind is untidy, not an unknown outcome.
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
         else:
             os.replace(tmp, real)
     except FileExistsError:

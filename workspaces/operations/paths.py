@@ -6,9 +6,9 @@ inside the workspace can still point anywhere. So each path is resolved with
 is opened. Files are then opened with ``O_NOFOLLOW`` and checked again with ``fstat``.
 
 Accepted race: a process that swaps an intermediate directory for a symlink between the
-check and the open could redirect the open. Only ``execute_command`` can create symlinks, and
-a caller allowed to run commands can already read anything the worker can, so the check is
-about keeping file operations honest, not about sandboxing commands.
+check and the open could redirect the open. Within Sluice only ``execute_command`` creates
+symlinks, and a caller allowed to run commands can already read anything the worker can, so
+the check keeps file operations honest; it does not sandbox commands.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import os
 import stat
 from collections.abc import Iterator
 from typing import BinaryIO
+
+from sluice_client.protocol import is_safe_relative_path
 
 from workspaces.operations.errors import OperationError, check_deadline
 
@@ -142,10 +144,9 @@ def iter_tree(
     """Yield ``(relative path, realpath)`` of the regular files below ``real_dir``, unordered.
 
     Skipped: any ``.git`` entry, the root's ``.worktrees`` (lanes are workspaces of their own),
-    non-regular files, names that are not UTF-8 (they could not be sent back as JSON), and
-    unreadable directories. Symlinks are never descended into (that could loop or list a
-    file twice); a symlink to a regular file inside the root and outside ``.git`` is listed
-    under the link's own name.
+    non-regular files, paths that are not safe relative paths, and unreadable directories.
+    Symlinks are never descended into (that could loop or list a file twice); a symlink to a
+    regular file inside the root and outside ``.git`` is listed under the link's own name.
     """
     stack = [(real_dir, rel_dir)]
     while stack:
@@ -160,11 +161,12 @@ def iter_tree(
             name = entry.name
             if name == ".git" or (name == ".worktrees" and directory == root):
                 continue
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                continue
             child = f"{rel}/{name}" if rel else name
+            # A result path must be one a client could send back (§2.2), or the API rejects the
+            # whole result: this drops names with a backslash, names that are not UTF-8, and
+            # paths over the length limit (and, for a directory, everything below it).
+            if not is_safe_relative_path(child):
+                continue
             try:
                 if entry.is_symlink():
                     target = os.path.realpath(entry.path)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from workspaces.operations import OperationError
 
-Run = Callable[..., dict[str, object]]
+Run = Callable[..., dict[str, Any]]
 Refuse = Callable[..., OperationError]
 
 MIB = 1024 * 1024
@@ -66,7 +68,7 @@ def test_stdin_is_empty_and_cwd_is_the_requested_directory(workspace: Path, run:
 
 
 def test_timeout_kills_the_whole_process_tree(tmp_path: Path, run: Run) -> None:
-    pids = tmp_path / "pids"
+    pids = shlex.quote(str(tmp_path / "pids"))
     command = (
         f"sleep 30 & echo $! >> {pids}; "
         f"(sleep 30 & echo $! >> {pids}; sleep 30) & echo $! >> {pids}; "
@@ -77,7 +79,7 @@ def test_timeout_kills_the_whole_process_tree(tmp_path: Path, run: Run) -> None:
     assert time.monotonic() - started < 2
     assert (result["timedOut"], result["exitCode"], result["signal"]) == (True, None, "SIGKILL")
     assert result["stdout"] == "started\n"  # output from before the kill is kept
-    recorded = _pids(pids)
+    recorded = _pids(tmp_path / "pids")
     assert len(recorded) == 4
     assert _all_gone(recorded)
 
@@ -91,7 +93,7 @@ def test_the_deadline_cuts_a_longer_timeout_short(run: Run) -> None:
 
 def test_no_time_left_means_the_command_is_not_started(tmp_path: Path, run: Run) -> None:
     with pytest.raises(OperationError) as caught:
-        run("execute_command", command=f"touch {tmp_path}/ran", timeout_s=0)
+        run("execute_command", command=f"touch {shlex.quote(str(tmp_path / 'ran'))}", timeout_s=0)
     assert caught.value.code == "COMMAND_UNAVAILABLE"
     assert not (tmp_path / "ran").exists()
 
@@ -101,7 +103,9 @@ def test_background_job_holding_the_pipes_is_killed_shortly_after_the_leader_exi
 ) -> None:
     pids = tmp_path / "pids"
     started = time.monotonic()
-    result = run("execute_command", command=f"sleep 30 & echo $! > {pids}; echo done")
+    result = run(
+        "execute_command", command=f"sleep 30 & echo $! > {shlex.quote(str(pids))}; echo done"
+    )
     assert time.monotonic() - started < 1
     assert (result["exitCode"], result["stdout"], result["timedOut"]) == (0, "done\n", False)
     assert _all_gone(_pids(pids))
@@ -111,7 +115,9 @@ def test_background_job_with_redirected_output_does_not_outlive_the_call(
     tmp_path: Path, run: Run
 ) -> None:
     pids = tmp_path / "pids"
-    result = run("execute_command", command=f"sleep 30 >/dev/null 2>&1 & echo $! > {pids}")
+    result = run(
+        "execute_command", command=f"sleep 30 >/dev/null 2>&1 & echo $! > {shlex.quote(str(pids))}"
+    )
     assert result["exitCode"] == 0
     assert _all_gone(_pids(pids))
 

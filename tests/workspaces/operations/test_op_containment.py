@@ -6,12 +6,13 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from workspaces.operations import OperationError
 
-Run = Callable[..., dict[str, object]]
+Run = Callable[..., dict[str, Any]]
 Refuse = Callable[..., OperationError]
 Snapshot = Callable[[Path], dict[str, bytes]]
 

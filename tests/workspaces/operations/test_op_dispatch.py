@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from workspaces.operations import OperationError, OutcomeUnknown, run_operation
 
-Run = Callable[..., dict[str, object]]
+Run = Callable[..., dict[str, Any]]
 
 
 def _request(operation: str, **fields: object) -> dict[str, object]:

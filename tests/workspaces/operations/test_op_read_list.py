@@ -6,13 +6,14 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sluice_client.protocol import READ_MAX_BYTES
 
 from workspaces.operations import OperationError
 
-Run = Callable[..., dict[str, object]]
+Run = Callable[..., dict[str, Any]]
 Refuse = Callable[..., OperationError]
 
 FIVE_LINES = "one\ntwo\nthree\nfour\nfive\n"
@@ -182,3 +183,16 @@ def test_list_files_of_a_file_or_a_missing_directory_is_refused(
     _tree(workspace, ["file.txt"])
     assert refuse("list_files", path="file.txt").code == "INVALID_PATH"
     assert refuse("list_files", path="nope").code == "NOT_FOUND"
+
+
+def test_names_a_client_could_not_send_back_are_left_out_of_listings(
+    workspace: Path, run: Run
+) -> None:
+    # A backslash or a non-UTF-8 name is legal on Linux but not a §2.2 path; one such name in
+    # a result would make the API reject the whole page.
+    _tree(workspace, ["ok.txt", "back\\slash.txt", "dir\\name/inner.txt"])
+    with open(os.fsencode(workspace) + b"/latin\xe9.txt", "wb") as f:
+        f.write(b"needle\n")
+    (workspace / "ok.txt").write_text("needle\n")
+    assert run("list_files")["paths"] == ["ok.txt"]
+    assert [m["path"] for m in run("search_text", query="needle")["matches"]] == ["ok.txt"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sluice_client.protocol import MATCH_TEXT_MAX_CHARS
 
 from workspaces.operations import OperationError
 
-Run = Callable[..., dict[str, object]]
+Run = Callable[..., dict[str, Any]]
 Refuse = Callable[..., OperationError]
 
 

@@ -7,12 +7,13 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from workspaces.operations import OperationError
 
-Run = Callable[..., dict[str, object]]
+Run = Callable[..., dict[str, Any]]
 Refuse = Callable[..., OperationError]
 
 BOM = b"\xef\xbb\xbf"

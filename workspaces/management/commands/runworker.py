@@ -79,6 +79,13 @@ class Command(BaseCommand):
             self.stdout.write(f"worker {state.worker_id} deregistered")
 
     def _consume(self, queue: str, slots: int) -> None:
+        from celery.signals import worker_ready
+
+        def announce(**_: Any) -> None:
+            self.stdout.write(f"worker {queue} ready")
+            self.stdout.flush()
+
+        worker_ready.connect(announce, weak=False)
         worker = app.Worker(
             queues=[queue],
             concurrency=slots,

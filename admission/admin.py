@@ -1,0 +1,253 @@
+"""Django admin for the admission policy, quarantines and the completion log.
+
+The policy is one row edited on one page. Quarantines are released, never edited or deleted,
+so the record of who released what stays. The completion log is evidence: nobody edits it
+from the admin, and its list pages are built to stay fast on a table of millions of rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils import timezone
+from sluice_client.protocol import OPERATIONS
+
+from admission.models import AdmissionPolicy, CompletionLog, Quarantine
+from admission.policy import forget_cached_policy, policy_row
+from admission.ratelimit import RatePolicy
+
+# ---------------------------------------------------------------------------------------
+# Admission policy
+
+
+class AdmissionPolicyForm(forms.ModelForm):
+    """Range checks come from the model's validators; this adds the one cross-field rule."""
+
+    class Meta:
+        model = AdmissionPolicy
+        fields = [
+            "job_timeout_ms",
+            "queue_ceiling_ms",
+            "worker_queue_limit",
+            "max_lease_slots",
+            "rate_limit",
+            "rate_limit_enabled",
+            "operation_weights",
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned: dict[str, Any] = super().clean() or {}
+        rate_text, weights = cleaned.get("rate_limit"), cleaned.get("operation_weights")
+        if not isinstance(rate_text, str) or not isinstance(weights, dict):
+            return cleaned  # The field's own error already explains what is wrong.
+        try:
+            rate = RatePolicy.parse(rate_text)
+        except ValueError:
+            return cleaned  # Reported on the rate_limit field by its validator.
+        too_heavy = sorted(
+            (op, w) for op, w in weights.items() if isinstance(w, int) and not isinstance(w, bool) and w > rate.limit
+        )
+        if too_heavy:
+            listed = ", ".join(f"{op} ({w})" for op, w in too_heavy)
+            # A call that costs more than the whole budget would be refused forever.
+            self.add_error(
+                "operation_weights",
+                f"Weights above the rate limit's {rate.limit} units per {rate.window_s}s can never be "
+                f"paid, so those calls would always get 429: {listed}. Lower them or raise the limit.",
+            )
+        return cleaned
+
+
+class AdmissionPolicyAdmin(admin.ModelAdmin):
+    form = AdmissionPolicyForm
+    readonly_fields = ["updated_at"]
+    fieldsets = [
+        ("Admission", {"fields": ["worker_queue_limit", "queue_ceiling_ms", "job_timeout_ms", "max_lease_slots"]}),
+        ("Rate limit", {"fields": ["rate_limit", "rate_limit_enabled", "operation_weights"]}),
+        (None, {"fields": ["updated_at"]}),
+    ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        # There is exactly one policy; a list of one row is just an extra click.
+        row = policy_row()
+        return HttpResponseRedirect(reverse("admin:admission_admissionpolicy_change", args=[row.pk]))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: AdmissionPolicy, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        # This process sees the change at once; every other one within POLICY_CACHE_S.
+        forget_cached_policy()
+
+
+# ---------------------------------------------------------------------------------------
+# Quarantines
+
+
+class ReleasedFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "released"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", "Quarantined (unreleased)"), ("yes", "Released")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(released_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(released_at__isnull=True)
+        return queryset
+
+
+class QuarantineAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "worker_id",
+        "workspace_id",
+        "worktree",
+        "operation",
+        "reason",
+        "released",
+        "released_at",
+        "released_by",
+    ]
+    list_filter = [ReleasedFilter, "operation"]
+    search_fields = ["worker_id", "workspace_id", "isolation_key_hash", "request_id"]
+    date_hierarchy = "created_at"
+    actions = ["release_quarantines"]
+
+    @admin.display(description="released", boolean=True, ordering="released_at")
+    def released(self, obj: Quarantine) -> bool:
+        return obj.released_at is not None
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # Only a worker's report of an unknown mutation outcome quarantines a key.
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The detail page is a record; releasing is the one change, and it is an action.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("admission.change_quarantine")
+
+    @admin.action(description="Release selected quarantines", permissions=["release"])
+    def release_quarantines(self, request: HttpRequest, queryset: QuerySet[Quarantine]) -> None:
+        # Only unreleased rows: a second release must not overwrite who released it first.
+        count = queryset.filter(released_at__isnull=True).update(
+            released_at=timezone.now(), released_by=request.user.get_username()
+        )
+        self.message_user(request, f"Released {count} quarantine(s); calls on those workspaces are admitted again.")
+
+
+# ---------------------------------------------------------------------------------------
+# Completion log
+
+
+class FixedValuesFilter(admin.SimpleListFilter):
+    """Offers a known set of values instead of SELECT DISTINCT over the whole log."""
+
+    values: tuple[str, ...] = ()
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(v, v) for v in self.values]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        return queryset.filter(**{self.parameter_name: value})
+
+
+class AdmissionOutcomeFilter(FixedValuesFilter):
+    title = "admission outcome"
+    parameter_name = "admission_outcome"
+    values = ("admitted", "queue_full", "queue_timeout", "rate_limited", "rejected_before_queue", "cancelled")
+
+
+class OutcomeFilter(FixedValuesFilter):
+    title = "outcome"
+    parameter_name = "outcome"
+    values = ("completed", "disconnected", "cancelled")
+
+
+class OperationFilter(FixedValuesFilter):
+    title = "operation"
+    parameter_name = "operation"
+    values = tuple(sorted(OPERATIONS))
+
+
+class HttpStatusFilter(FixedValuesFilter):
+    title = "HTTP status"
+    parameter_name = "http_status"
+    # Every status the endpoint answers with (contract §2.5), plus 499 for a client that left.
+    values = ("200", "400", "401", "403", "404", "405", "409", "413", "415", "422", "429", "499", "502", "503", "504")
+
+
+class CompletionLogAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "request_id",
+        "worker_id",
+        "workspace_id",
+        "worktree",
+        "operation",
+        "http_status",
+        "code",
+        "outcome",
+        "admission_outcome",
+        "queue_wait_ms",
+        "slot_index",
+        "exec_ms",
+        "duration_ms",
+    ]
+    list_filter = [AdmissionOutcomeFilter, OutcomeFilter, OperationFilter, HttpStatusFilter]
+    search_fields = ["request_id", "worker_id", "workspace_id", "isolation_key_hash"]
+    search_help_text = "Exact request id, worker id, workspace id or isolation-key hash."
+    date_hierarchy = "created_at"
+    # COUNT(*) over millions of rows on every page view is the slowest thing on the page.
+    show_full_result_count = False
+    list_per_page = 100
+    actions = None
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[CompletionLog], search_term: str
+    ) -> tuple[QuerySet[CompletionLog], bool]:
+        # Exact matches only. The admin's default (icontains on every column) can use no index
+        # and scans the whole log on every search; exact request ids, worker ids and key hashes
+        # can use their indexes. (workspace_id has none of its own, so a search is still a scan
+        # when the planner cannot narrow it by time first.)
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q()
+        for field in self.search_fields:
+            match |= Q(**{field: term})
+        return queryset.filter(match), False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Old rows go with `manage.py prune_completions`, never one by one from here.
+        return False
+
+
+admin.site.register(AdmissionPolicy, AdmissionPolicyAdmin)
+admin.site.register(Quarantine, QuarantineAdmin)
+admin.site.register(CompletionLog, CompletionLogAdmin)

@@ -1,0 +1,133 @@
+"""Queue limit, slots and per-key order, end to end: real API processes, real workers, real Redis."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from callhelpers import Caller, command, intervals, overlap, read, stamped, wait_until
+from django.conf import settings
+from livesupport import git_workspace
+
+from admission.queue import SyncQueue, worker_keys
+
+
+def held(worker_id: str) -> list[dict]:
+    import redis
+
+    client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
+    _, entries, _ = SyncQueue(client, settings.REDIS_KEY_PREFIX).snapshot(worker_id)
+    client.close()
+    return entries
+
+
+def test_33rd_call_gets_worker_queue_full_from_either_api_process(api_servers, api, account_factory, worker_factory, tmp_path):
+    owner = account_factory()
+    other = account_factory()
+    repo = git_workspace(tmp_path / "repo")
+    worker_factory(owner, {"repo": repo}, slots=2)
+    worker_factory(other, {"repo": git_workspace(tmp_path / "other")}, slots=2)
+    marker = tmp_path / "marker"
+    caller = Caller(api.url, owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id})
+    try:
+        runner = caller.submit(command("repo", f"sleep 6; touch {marker}", timeout_ms=20_000))
+        wait_until(lambda: len(held(owner.worker_id)) == 1)
+        waiters = [caller.submit(read("repo"), wait_ms=4_000) for _ in range(31)]
+        wait_until(lambda: len(held(owner.worker_id)) == 32)
+        started = time.monotonic()
+        for server in api_servers:
+            r = caller.send(read("repo"), wait_ms=4_000, base_url=server.url)
+            assert r.status_code == 429, r.text
+            assert r.json() == {"error": r.json()["error"], "code": "WORKER_QUEUE_FULL"}
+        assert time.monotonic() - started < 2.0  # refused at once, not after waiting
+        # Another worker's queue is independent.
+        r = caller.send(read("repo"), headers=other.auth | {"X-LibreChat-Code-Worker-ID": other.worker_id})
+        assert r.status_code == 200, r.text
+        statuses = sorted(f.result().json()["code"] for f in waiters)
+        assert statuses == ["WORKSPACE_QUEUE_TIMEOUT"] * 31
+        assert runner.result().status_code == 200
+        assert marker.exists()
+    finally:
+        caller.close()
+
+
+def test_two_workspaces_of_one_worker_overlap_with_default_slots(api, account_factory, worker_factory, tmp_path):
+    owner = account_factory()
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a"), "b": git_workspace(tmp_path / "b")})
+    log = tmp_path / "log"
+    caller = Caller(api.url, owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id})
+    try:
+        futures = [caller.submit(command(ws, stamped(log, ws, 1.5))) for ws in ("a", "b")]
+        assert [f.result().status_code for f in futures] == [200, 200]
+    finally:
+        caller.close()
+    spans = intervals(log)
+    assert overlap(spans["a"], spans["b"])
+
+
+def test_calls_on_one_workspace_never_overlap_and_run_in_arrival_order(api, account_factory, worker_factory, tmp_path):
+    owner = account_factory()
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
+    log = tmp_path / "log"
+    caller = Caller(api.url, owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id})
+    names = [f"c{i}" for i in range(6)]
+    try:
+        futures = []
+        for i, name in enumerate(names):
+            futures.append(caller.submit(command("a", stamped(log, name, 0.3))))
+            # Arrival order is entry order: wait until this call is in the queue before the next.
+            wait_until(lambda n=i + 1: len(held(owner.worker_id)) + sum(f.done() for f in futures) >= n)
+        assert [f.result().status_code for f in futures] == [200] * len(names)
+    finally:
+        caller.close()
+    spans = intervals(log)
+    ordered = sorted(names, key=lambda n: spans[n][0])
+    assert ordered == names
+    for first, second in zip(ordered, ordered[1:], strict=False):
+        assert spans[first][1] <= spans[second][0]
+
+
+def test_lanes_overlap_and_a_checkout_waits_for_both_and_is_not_overtaken(api, account_factory, worker_factory, tmp_path):
+    owner = account_factory()
+    repo = git_workspace(tmp_path / "repo", lanes=("one", "two"))
+    worker_factory(owner, {"repo": repo}, slots=4, lanes=True)
+    log = tmp_path / "log"
+    caller = Caller(api.url, owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id})
+    try:
+        one = caller.submit(command("repo", stamped(log, "one", 1.5), worktree="one"))
+        two = caller.submit(command("repo", stamped(log, "two", 1.5), worktree="two"))
+        wait_until(lambda: sum(e["st"] == "r" for e in held(owner.worker_id)) == 2)
+        checkout = caller.submit(command("repo", stamped(log, "checkout", 0.5)))
+        wait_until(lambda: len(held(owner.worker_id)) == 3)
+        late_lane = caller.submit(command("repo", stamped(log, "late", 0.2), worktree="one"))
+        results = [f.result() for f in (one, two, checkout, late_lane)]
+        assert [r.status_code for r in results] == [200] * 4, [r.text for r in results]
+    finally:
+        caller.close()
+    spans = intervals(log)
+    assert overlap(spans["one"], spans["two"])
+    assert spans["checkout"][0] >= max(spans["one"][1], spans["two"][1])
+    assert spans["late"][0] >= spans["checkout"][1]
+
+
+def test_keys_of_a_held_queue_all_carry_a_ttl(api, account_factory, worker_factory, tmp_path):
+    import redis
+
+    owner = account_factory()
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
+    caller = Caller(api.url, owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id})
+    try:
+        running = caller.submit(command("a", "sleep 1.5"))
+        wait_until(lambda: len(held(owner.worker_id)) == 1)
+        waiting = caller.submit(read("a"))
+        wait_until(lambda: len(held(owner.worker_id)) == 2)
+        client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
+        tag = worker_keys(settings.REDIS_KEY_PREFIX, owner.worker_id).reg.rsplit(":", 1)[0]
+        keys = list(client.scan_iter(match=f"{tag.replace('{', '[{]').replace('}', '[}]')}*"))
+        assert len(keys) >= 3
+        assert all(client.pttl(k) > 0 for k in keys)
+        assert running.result().status_code == 200 and waiting.result().status_code == 200
+    finally:
+        caller.close()
+
+

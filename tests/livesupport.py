@@ -1,0 +1,199 @@
+"""Real processes for end-to-end tests: uvicorn API servers and `runworker` workers.
+
+Nothing here stands in for a part of Sluice: the API is the ASGI app under uvicorn, the
+worker is `manage.py runworker` consuming its Celery queue from the real Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+class Process:
+    """A child process whose output is collected line by line (and can be waited on)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], name: str) -> None:
+        self.args, self.env, self.name = args, env, name
+        self.lines: list[str] = []
+        self._new: queue.Queue[str] = queue.Queue()
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            self._new.put(line)
+
+    def wait_for(self, text: str, timeout_s: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        for line in list(self.lines):
+            if text in line:
+                return line
+        while time.monotonic() < deadline:
+            try:
+                line = self._new.get(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None and self._new.empty():
+                    break
+                continue
+            if text in line:
+                return line
+        raise AssertionError(f"{self.name} never printed {text!r}; output:\n" + "\n".join(self.lines[-40:]))
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def kill_group(self) -> None:
+        """SIGKILL the process and everything it started (commands run in their own groups too)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            return -9
+
+
+def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update({"PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "config.settings"})
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class ApiServer:
+    url: str
+    process: Process
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=httpx.Timeout(400.0, connect=5.0), **kwargs)
+
+
+def start_api(env: dict[str, str]) -> ApiServer:
+    port = free_port()
+    proc = Process(
+        [PYTHON, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "warning", "--no-access-log", "--timeout-graceful-shutdown", "2"],
+        env, f"api:{port}",
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code in (200, 503):
+                return ApiServer(url, proc)
+        except httpx.TransportError:
+            time.sleep(0.1)
+        if not proc.alive():
+            break
+    raise AssertionError("API server did not start:\n" + proc.output())
+
+
+@dataclass
+class Worker:
+    worker_id: str
+    token: str
+    workspaces: dict[str, Path]
+    api_url: str
+    env: dict[str, str]
+    slots: int | None = None
+    lanes: bool = False
+    process: Process | None = None
+    incarnations: list[str] = field(default_factory=list)
+
+    def args(self) -> list[str]:
+        args = [PYTHON, "manage.py", "runworker", "--worker-id", self.worker_id, "--token", self.token,
+                "--api", self.api_url]
+        for ws_id, path in self.workspaces.items():
+            args += ["--workspace", f"{ws_id}={path}"]
+        if self.slots is not None:
+            args += ["--slots", str(self.slots)]
+        if self.lanes:
+            args.append("--linked-worktree-lanes")
+        return args
+
+    def start(self) -> Worker:
+        self.process = Process(self.args(), self.env, f"worker:{self.worker_id}")
+        line = self.process.wait_for("registered: incarnation", timeout_s=60)
+        self.incarnations.append(line.split("incarnation ", 1)[1].split(",", 1)[0])
+        # Celery's consumer starts right after registration; wait until it listens.
+        self.process.wait_for("ready", timeout_s=60)
+        return self
+
+    @property
+    def incarnation(self) -> str:
+        return self.incarnations[-1]
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.alive():
+            self.process.stop()
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill_group()
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+        cwd=cwd, check=True, capture_output=True, text=True,
+    ).stdout
+
+
+def git_workspace(path: Path, *, files: dict[str, str] | None = None, lanes: tuple[str, ...] = ()) -> Path:
+    """A real git checkout with committed files and, optionally, linked worktrees under .worktrees/."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, text in (files or {"README.md": "# demo\n"}).items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    for lane in lanes:
+        git(path, "worktree", "add", "-q", f".worktrees/{lane}", "-b", lane)
+    return path

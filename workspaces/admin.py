@@ -1,0 +1,296 @@
+"""Django admin for tenants, principals, API keys, workers and the workspaces they offer.
+
+Secrets are shown exactly once, in the message that follows the action creating them, and
+only their hashes are stored. `key_hash` and `token_hash` never appear on any admin page.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.db.models import Count, Q, QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
+from django.utils import timezone
+
+from workspaces.models import ApiKey, Principal, Tenant, Worker, WorkerWorkspace
+from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret
+
+SHOWN_ONCE = "Copy it now: it is shown only this once and stored only as a hash."
+
+
+def api_key_create(*, principal: Principal, label: str) -> str:
+    """A fresh API key for `principal`; returns the raw key, which is not stored anywhere."""
+    raw, prefix, key_hash = new_secret(API_KEY_PREFIX)
+    ApiKey.objects.create(principal=principal, prefix=prefix, key_hash=key_hash, label=label)
+    return raw
+
+
+def worker_token_rotate(*, worker: Worker) -> str:
+    """A fresh token for `worker`; the old one stops authenticating at once."""
+    raw, _, token_hash = new_secret(WORKER_TOKEN_PREFIX)
+    Worker.objects.filter(pk=worker.pk).update(token_hash=token_hash)
+    return raw
+
+
+# ---------------------------------------------------------------------------------------
+# Tenants and principals
+
+
+class PrincipalInline(admin.TabularInline):
+    model = Principal
+    fields = ["name", "is_active", "created_at"]
+    readonly_fields = ["created_at"]
+    extra = 0
+    show_change_link = True
+
+
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["name", "default_worker", "principal_count", "worker_count", "created_at"]
+    search_fields = ["name"]
+    readonly_fields = ["created_at"]
+    inlines = [PrincipalInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("default_worker")
+            .annotate(
+                principal_total=Count("principals", distinct=True),
+                worker_total=Count("workers", distinct=True),
+            )
+        )
+
+    @admin.display(description="principals", ordering="principal_total")
+    def principal_count(self, obj: Tenant) -> int:
+        return int(getattr(obj, "principal_total", 0))
+
+    @admin.display(description="workers", ordering="worker_total")
+    def worker_count(self, obj: Tenant) -> int:
+        return int(getattr(obj, "worker_total", 0))
+
+    def get_form(self, request: HttpRequest, obj: Tenant | None = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        field = form.base_fields.get("default_worker")
+        if field is not None:
+            # Only the tenant's own workers: the choice field then also refuses a posted id of
+            # another tenant's worker, so a default can never point across tenants. A new
+            # tenant has no workers yet, so its default is set after a worker is bound to it.
+            field.queryset = Worker.objects.filter(tenant=obj) if obj is not None else Worker.objects.none()
+        return form
+
+
+class ApiKeyInline(admin.TabularInline):
+    model = ApiKey
+    fields = ["prefix", "label", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = fields
+    extra = 0
+    show_change_link = True
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Keys are made by the "Create API key" action, which can show the raw key once.
+        return False
+
+
+class PrincipalAdmin(admin.ModelAdmin):
+    list_display = ["name", "tenant", "is_active", "active_key_count", "created_at"]
+    list_filter = ["tenant", "is_active"]
+    search_fields = ["name", "tenant__name"]
+    list_select_related = ["tenant"]
+    readonly_fields = ["created_at"]
+    inlines = [ApiKeyInline]
+    actions = ["create_api_key"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Principal]:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(active_keys=Count("api_keys", filter=Q(api_keys__revoked_at__isnull=True)))
+        )
+
+    @admin.display(description="active keys", ordering="active_keys")
+    def active_key_count(self, obj: Principal) -> int:
+        return int(getattr(obj, "active_keys", 0))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Principal | None = None) -> Any:
+        # Moving a principal to another tenant would hand its keys and history to that tenant.
+        if obj is not None:
+            return [*self.readonly_fields, "tenant"]
+        return self.readonly_fields
+
+    @admin.action(description="Create API key", permissions=["change"])
+    def create_api_key(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
+        # The raw key travels in the message storage (a signed cookie, or the session) until
+        # the next page renders it; after that it exists only with whoever copied it.
+        for principal in queryset.select_related("tenant"):
+            raw = api_key_create(principal=principal, label=f"admin:{request.user.get_username()}")
+            self.message_user(request, f"New API key for {principal}: {raw} — {SHOWN_ONCE}", messages.SUCCESS)
+
+
+# ---------------------------------------------------------------------------------------
+# API keys
+
+
+class RevokedFilter(admin.SimpleListFilter):
+    title = "revoked"
+    parameter_name = "revoked"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Revoked"), ("no", "Active")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(revoked_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(revoked_at__isnull=True)
+        return queryset
+
+
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "principal", "label", "created_at", "last_used_at", "revoked"]
+    list_filter = [("principal__tenant", admin.RelatedOnlyFieldListFilter), RevokedFilter]
+    search_fields = ["prefix", "principal__name"]
+    list_select_related = ["principal__tenant"]
+    # key_hash is editable=False, so no form carries it; it is listed nowhere on purpose.
+    fields = ["principal", "prefix", "label", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["principal", "prefix", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke_keys"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # A key made here could not be shown; use "Create API key" on the principal instead.
+        return False
+
+    @admin.display(description="revoked", boolean=True, ordering="revoked_at")
+    def revoked(self, obj: ApiKey) -> bool:
+        return obj.is_revoked
+
+    @admin.action(description="Revoke selected keys", permissions=["change"])
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        # Already revoked keys keep their original revocation time.
+        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {count} key(s); they are refused from the next request on.")
+
+
+# ---------------------------------------------------------------------------------------
+# Workers
+
+
+def online_cutoff() -> Any:
+    return timezone.now() - timedelta(seconds=settings.WORKER_OFFLINE_AFTER_S)
+
+
+class OnlineFilter(admin.SimpleListFilter):
+    """The same rule as Worker.is_online, as a query: registered and heard from recently."""
+
+    title = "online"
+    parameter_name = "online"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Online"), ("no", "Offline")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        online = Q(last_heartbeat_at__gt=online_cutoff()) & ~Q(incarnation_id="")
+        if self.value() == "yes":
+            return queryset.filter(online)
+        if self.value() == "no":
+            # NULL heartbeats fall outside both sides of a comparison, so name them explicitly.
+            return queryset.filter(~online | Q(last_heartbeat_at__isnull=True))
+        return queryset
+
+
+class WorkerWorkspaceInline(admin.TabularInline):
+    model = WorkerWorkspace
+    fields = ["workspace_id", "operations", "linked_worktree_lanes"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Workspaces come only from the worker's own registration.
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ["worker_id", "tenant", "online", "slots", "requested_slots", "last_heartbeat_at"]
+    list_filter = ["tenant", OnlineFilter]
+    search_fields = ["worker_id", "tenant__name"]
+    list_select_related = ["tenant"]
+    readonly_fields = [
+        "online",
+        "incarnation_id",
+        "requested_slots",
+        "slots",
+        "registered_at",
+        "last_heartbeat_at",
+        "created_at",
+    ]
+    inlines = [WorkerWorkspaceInline]
+    actions = ["rotate_token"]
+
+    @admin.display(description="online", boolean=True)
+    def online(self, obj: Worker) -> bool:
+        return obj.is_online
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Worker | None = None) -> Any:
+        # Rebinding a worker would let another tenant reach workspaces it was never given.
+        if obj is not None:
+            return [*self.readonly_fields, "worker_id", "tenant"]
+        return self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: Worker, form: ModelForm[Worker], change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        # A worker added here gets its first token now; without one it could never register.
+        raw, _, obj.token_hash = new_secret(WORKER_TOKEN_PREFIX)
+        super().save_model(request, obj, form, change)
+        self.message_user(request, f"Token for worker {obj.worker_id}: {raw} — {SHOWN_ONCE}", messages.SUCCESS)
+
+    @admin.action(description="Rotate token", permissions=["change"])
+    def rotate_token(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        for worker in queryset:
+            raw = worker_token_rotate(worker=worker)
+            self.message_user(
+                request,
+                f"New token for worker {worker.worker_id}: {raw} — {SHOWN_ONCE} "
+                "A worker still running with the old token can no longer heartbeat; restart it with this one.",
+                messages.SUCCESS,
+            )
+
+
+class WorkerWorkspaceAdmin(admin.ModelAdmin):
+    """What each worker offers, exactly as its last registration said. Read-only."""
+
+    list_display = ["workspace_id", "worker", "operation_list", "linked_worktree_lanes"]
+    list_filter = [("worker__tenant", admin.RelatedOnlyFieldListFilter), "linked_worktree_lanes"]
+    search_fields = ["workspace_id", "worker__worker_id"]
+    list_select_related = ["worker"]
+    actions = None
+
+    @admin.display(description="operations")
+    def operation_list(self, obj: WorkerWorkspace) -> str:
+        return ", ".join(obj.operations or [])
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+admin.site.register(Tenant, TenantAdmin)
+admin.site.register(Principal, PrincipalAdmin)
+admin.site.register(ApiKey, ApiKeyAdmin)
+admin.site.register(Worker, WorkerAdmin)
+admin.site.register(WorkerWorkspace, WorkerWorkspaceAdmin)
