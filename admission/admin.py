@@ -50,7 +50,9 @@ class AdmissionPolicyForm(forms.ModelForm):
         except ValueError:
             return cleaned  # Reported on the rate_limit field by its validator.
         too_heavy = sorted(
-            (op, w) for op, w in weights.items() if isinstance(w, int) and not isinstance(w, bool) and w > rate.limit
+            (op, w)
+            for op, w in weights.items()
+            if isinstance(w, int) and not isinstance(w, bool) and w > rate.limit
         )
         if too_heavy:
             listed = ", ".join(f"{op} ({w})" for op, w in too_heavy)
@@ -67,15 +69,29 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
     form = AdmissionPolicyForm
     readonly_fields = ["updated_at"]
     fieldsets = [
-        ("Admission", {"fields": ["worker_queue_limit", "queue_ceiling_ms", "job_timeout_ms", "max_lease_slots"]}),
+        (
+            "Admission",
+            {
+                "fields": [
+                    "worker_queue_limit",
+                    "queue_ceiling_ms",
+                    "job_timeout_ms",
+                    "max_lease_slots",
+                ]
+            },
+        ),
         ("Rate limit", {"fields": ["rate_limit", "rate_limit_enabled", "operation_weights"]}),
         (None, {"fields": ["updated_at"]}),
     ]
 
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         # There is exactly one policy; a list of one row is just an extra click.
         row = policy_row()
-        return HttpResponseRedirect(reverse("admin:admission_admissionpolicy_change", args=[row.pk]))
+        return HttpResponseRedirect(
+            reverse("admin:admission_admissionpolicy_change", args=[row.pk])
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -83,7 +99,9 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def save_model(self, request: HttpRequest, obj: AdmissionPolicy, form: Any, change: bool) -> None:
+    def save_model(
+        self, request: HttpRequest, obj: AdmissionPolicy, form: Any, change: bool
+    ) -> None:
         super().save_model(request, obj, form, change)
         # This process sees the change at once; every other one within POLICY_CACHE_S.
         forget_cached_policy()
@@ -149,7 +167,10 @@ class QuarantineAdmin(admin.ModelAdmin):
         count = queryset.filter(released_at__isnull=True).update(
             released_at=timezone.now(), released_by=request.user.get_username()
         )
-        self.message_user(request, f"Released {count} quarantine(s); calls on those workspaces are admitted again.")
+        self.message_user(
+            request,
+            f"Released {count} quarantine(s); calls on those workspaces are admitted again.",
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -166,15 +187,22 @@ class FixedValuesFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
-        if value is None:
+        if value is None or self.parameter_name is None:
             return queryset
-        return queryset.filter(**{self.parameter_name: value})
+        return queryset.filter(**{str(self.parameter_name): value})
 
 
 class AdmissionOutcomeFilter(FixedValuesFilter):
     title = "admission outcome"
     parameter_name = "admission_outcome"
-    values = ("admitted", "queue_full", "queue_timeout", "rate_limited", "rejected_before_queue", "cancelled")
+    values = (
+        "admitted",
+        "queue_full",
+        "queue_timeout",
+        "rate_limited",
+        "rejected_before_queue",
+        "cancelled",
+    )
 
 
 class OutcomeFilter(FixedValuesFilter):
@@ -193,7 +221,23 @@ class HttpStatusFilter(FixedValuesFilter):
     title = "HTTP status"
     parameter_name = "http_status"
     # Every status the endpoint answers with (contract §2.5), plus 499 for a client that left.
-    values = ("200", "400", "401", "403", "404", "405", "409", "413", "415", "422", "429", "499", "502", "503", "504")
+    values = (
+        "200",
+        "400",
+        "401",
+        "403",
+        "404",
+        "405",
+        "409",
+        "413",
+        "415",
+        "422",
+        "429",
+        "499",
+        "502",
+        "503",
+        "504",
+    )
 
 
 class CompletionLogAdmin(admin.ModelAdmin):

@@ -30,6 +30,21 @@ def _check_services() -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     _check_services()
+    # Every run gets its own Redis namespace (queues, request ids, Celery queues, log stream),
+    # so runs never see each other's keys, and neither does a local `make run`.
+    settings.REDIS_KEY_PREFIX = f"test-{uuid.uuid4().hex[:8]}:"
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": settings.REDIS_KEY_PREFIX + "celery:"
+    }
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        for key in client.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}*", count=1000):
+            client.delete(key)
+    except redis.RedisError:
+        pass
 
 
 @pytest.fixture

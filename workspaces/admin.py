@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import Count, Q, QuerySet
-from django.forms import ModelForm
+from django.forms import ModelChoiceField, ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 
@@ -73,21 +73,25 @@ class TenantAdmin(admin.ModelAdmin):
     def worker_count(self, obj: Tenant) -> int:
         return int(getattr(obj, "worker_total", 0))
 
-    def get_form(self, request: HttpRequest, obj: Tenant | None = None, change: bool = False, **kwargs: Any) -> Any:
+    def get_form(
+        self, request: HttpRequest, obj: Tenant | None = None, change: bool = False, **kwargs: Any
+    ) -> Any:
         form = super().get_form(request, obj, change=change, **kwargs)
         field = form.base_fields.get("default_worker")
-        if field is not None:
+        if isinstance(field, ModelChoiceField):
             # Only the tenant's own workers: the choice field then also refuses a posted id of
             # another tenant's worker, so a default can never point across tenants. A new
             # tenant has no workers yet, so its default is set after a worker is bound to it.
-            field.queryset = Worker.objects.filter(tenant=obj) if obj is not None else Worker.objects.none()
+            field.queryset = (
+                Worker.objects.filter(tenant=obj) if obj is not None else Worker.objects.none()
+            )
         return form
 
 
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
-    fields = ["prefix", "label", "created_at", "last_used_at", "revoked_at"]
-    readonly_fields = fields
+    fields = ("prefix", "label", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("prefix", "label", "created_at", "last_used_at", "revoked_at")
     extra = 0
     show_change_link = True
     can_delete = False
@@ -129,7 +133,9 @@ class PrincipalAdmin(admin.ModelAdmin):
         # the next page renders it; after that it exists only with whoever copied it.
         for principal in queryset.select_related("tenant"):
             raw = api_key_create(principal=principal, label=f"admin:{request.user.get_username()}")
-            self.message_user(request, f"New API key for {principal}: {raw} — {SHOWN_ONCE}", messages.SUCCESS)
+            self.message_user(
+                request, f"New API key for {principal}: {raw} — {SHOWN_ONCE}", messages.SUCCESS
+            )
 
 
 # ---------------------------------------------------------------------------------------
@@ -173,7 +179,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         # Already revoked keys keep their original revocation time.
         count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        self.message_user(request, f"Revoked {count} key(s); they are refused from the next request on.")
+        self.message_user(
+            request, f"Revoked {count} key(s); they are refused from the next request on."
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -205,8 +213,8 @@ class OnlineFilter(admin.SimpleListFilter):
 
 class WorkerWorkspaceInline(admin.TabularInline):
     model = WorkerWorkspace
-    fields = ["workspace_id", "operations", "linked_worktree_lanes"]
-    readonly_fields = fields
+    fields = ("workspace_id", "operations", "linked_worktree_lanes")
+    readonly_fields = ("workspace_id", "operations", "linked_worktree_lanes")
     extra = 0
     can_delete = False
 
@@ -219,7 +227,14 @@ class WorkerWorkspaceInline(admin.TabularInline):
 
 
 class WorkerAdmin(admin.ModelAdmin):
-    list_display = ["worker_id", "tenant", "online", "slots", "requested_slots", "last_heartbeat_at"]
+    list_display = [
+        "worker_id",
+        "tenant",
+        "online",
+        "slots",
+        "requested_slots",
+        "last_heartbeat_at",
+    ]
     list_filter = ["tenant", OnlineFilter]
     search_fields = ["worker_id", "tenant__name"]
     list_select_related = ["tenant"]
@@ -245,14 +260,18 @@ class WorkerAdmin(admin.ModelAdmin):
             return [*self.readonly_fields, "worker_id", "tenant"]
         return self.readonly_fields
 
-    def save_model(self, request: HttpRequest, obj: Worker, form: ModelForm[Worker], change: bool) -> None:
+    def save_model(
+        self, request: HttpRequest, obj: Worker, form: ModelForm[Worker], change: bool
+    ) -> None:
         if change:
             super().save_model(request, obj, form, change)
             return
         # A worker added here gets its first token now; without one it could never register.
         raw, _, obj.token_hash = new_secret(WORKER_TOKEN_PREFIX)
         super().save_model(request, obj, form, change)
-        self.message_user(request, f"Token for worker {obj.worker_id}: {raw} — {SHOWN_ONCE}", messages.SUCCESS)
+        self.message_user(
+            request, f"Token for worker {obj.worker_id}: {raw} — {SHOWN_ONCE}", messages.SUCCESS
+        )
 
     @admin.action(description="Rotate token", permissions=["change"])
     def rotate_token(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:

@@ -8,6 +8,10 @@
 -- workers (whose clocks may differ) all see one clock.
 
 local WAKE_TTL_MS = 60000
+-- A grant pushed to a waiter that was blocked on its wake list is taken at once. One still
+-- lying in the list this long after the grant means nobody is listening (the API process
+-- died): the entry is dropped instead of holding its slot until its exec deadline.
+local CLAIM_MS = 3000
 
 local function clock_ms(arg)
   if arg ~= nil and arg ~= '' and arg ~= '0' then
@@ -21,8 +25,8 @@ local function conflicts(a, b)
   return a.base == b.base and (a.lane == '' or b.lane == '' or a.lane == b.lane)
 end
 
--- Entries in arrival order, with those past their own deadline removed.
-local function load_entries(kq, ke, now)
+-- Entries in arrival order, with those past their own deadline (or never claimed) removed.
+local function load_entries(kq, ke, now, wake_prefix)
   local ids = redis.call('ZRANGE', kq, 0, -1)
   local entries = {}
   if #ids == 0 then
@@ -32,9 +36,14 @@ local function load_entries(kq, ke, now)
   for i, id in ipairs(ids) do
     local raw = raws[i]
     local e = raw and cjson.decode(raw) or nil
-    if e == nil or e.dl <= now then
+    local unclaimed = e ~= nil and e.st == 'r' and e.wk == 1 and now - e.ta >= CLAIM_MS
+      and redis.call('LLEN', wake_prefix .. id) > 0
+    if e == nil or e.dl <= now or unclaimed then
       redis.call('ZREM', kq, id)
       redis.call('HDEL', ke, id)
+      if unclaimed then
+        redis.call('DEL', wake_prefix .. id)
+      end
     else
       entries[#entries + 1] = e
     end
@@ -94,6 +103,9 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     end
   end
   for _, e in ipairs(granted) do
+    if e.id ~= skip_id then
+      e.wk = 1
+    end
     redis.call('HSET', ke, e.id, cjson.encode(e))
     if e.id ~= skip_id then
       push_wake(wake_prefix, e.id, cjson.encode({t = 'grant', slot = e.slot, seq = e.seq, ta = e.ta, dl = e.dl}),

@@ -18,7 +18,7 @@ if not inc then
   return {'offline'}
 end
 local slots = slot_count(kreg, ARGV[8])
-local entries = load_entries(kq, ke, now)
+local entries = load_entries(kq, ke, now, ARGV[9])
 if #entries >= tonumber(ARGV[7]) then
   bump(kstats, 'queue_full', tonumber(ARGV[11]))
   return {'full', #entries}

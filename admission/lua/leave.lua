@@ -21,7 +21,7 @@ remove_entry(kq, ke, ARGV[2])
 if ARGV[5] ~= '' then
   push_wake(ARGV[4], ARGV[2], ARGV[5], WAKE_TTL_MS)
 end
-local entries = load_entries(kq, ke, now)
+local entries = load_entries(kq, ke, now, ARGV[4])
 grant(entries, now, slot_count(kreg, ARGV[3]), ke, ARGV[4], '')
 refresh_ttl(kq, ke, entries, now)
 return {'left'}

@@ -12,7 +12,7 @@ if not raw or tostring(cjson.decode(raw).seq) ~= ARGV[3] then
   return {'gone'}
 end
 remove_entry(kq, ke, ARGV[2])
-local entries = load_entries(kq, ke, now)
+local entries = load_entries(kq, ke, now, ARGV[5])
 grant(entries, now, slot_count(kreg, ARGV[4]), ke, ARGV[5], '')
 refresh_ttl(kq, ke, entries, now)
 return {'released'}

@@ -17,7 +17,7 @@ if x == nil or x.st ~= 'r' or x.inc ~= ARGV[3] or tostring(x.seq) ~= ARGV[4] or 
 end
 remove_entry(kq, ke, ARGV[2])
 push_wake(ARGV[6], ARGV[2], ARGV[5], WAKE_TTL_MS)
-local entries = load_entries(kq, ke, now)
+local entries = load_entries(kq, ke, now, ARGV[6])
 grant(entries, now, slot_count(kreg, ''), ke, ARGV[6], '')
 refresh_ttl(kq, ke, entries, now)
 return {'accepted'}

@@ -251,3 +251,24 @@ def test_a_deregistered_worker_tells_everything_still_queued_offline(sq: SyncQue
         return await q.poll(worker_id=W, entry_id="b"), (await enter(q, "c", ("A", ""), T0)).status
 
     assert run(after, redis_prefix) == ({"t": "offline"}, "offline")
+
+
+def test_a_grant_nobody_takes_is_dropped_after_the_claim_window(sq: SyncQueue, redis_prefix: str) -> None:
+    async def scenario(q: AsyncQueue) -> None:
+        await enter(q, "a", ("A", ""), T0)
+        await enter(q, "dead", ("A", ""), T0 + 1)
+        await enter(q, "alive", ("A", ""), T0 + 2)
+        sq.settle(worker_id=W, entry_id="a", incarnation="inc1", ticket=1, payload={}, now_ms=T0 + 10)
+        assert states(sq)["dead"][0] == "r"  # granted, but its waiter never pops the grant
+        assert (await enter(q, "b", ("B", ""), T0 + 10 + 2_999)).status == "granted"
+        assert "dead" in states(sq)
+        await enter(q, "c", ("C", ""), T0 + 10 + 3_000)
+        after = states(sq)
+        assert "dead" not in after
+        assert after["alive"][0] == "r"
+        # A waiter that took its grant keeps its slot however long it runs.
+        assert await q.wait(worker_id=W, entry_id="alive", timeout_ms=100) is not None
+        await enter(q, "d", ("D", ""), T0 + 20_000)
+        assert "alive" in states(sq)
+
+    run(scenario, redis_prefix)

@@ -37,11 +37,18 @@ class Command(BaseCommand):
     help = "Delete completion-log rows older than COMPLETION_RETENTION_DAYS (or --days)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--days", type=int, default=None, help="Keep this many days [COMPLETION_RETENTION_DAYS].")
+        parser.add_argument(
+            "--days",
+            type=int,
+            default=None,
+            help="Keep this many days [COMPLETION_RETENTION_DAYS].",
+        )
         parser.add_argument("--batch-size", type=int, default=5_000)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        days = options["days"] if options["days"] is not None else settings.COMPLETION_RETENTION_DAYS
+        days = (
+            options["days"] if options["days"] is not None else settings.COMPLETION_RETENTION_DAYS
+        )
         if days < 1:
             raise CommandError("--days must be at least 1")
         if not 1 <= options["batch_size"] <= 100_000:

@@ -1,0 +1,48 @@
+# Sluice: `make run` serves a local demo, `make test` runs the suite, `make lint` checks style
+# and types. Every target first makes sure .venv exists and holds the pinned requirements.
+
+VENV := .venv
+PY := $(VENV)/bin/python
+# Python 3.11 if the machine has it, else whatever python3 is (checked below).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The install stamp is named after the requirements' content, so editing a pin (or pulling
+# one) reinstalls, while a fresh checkout's new file times alone do not.
+REQ_FILES := requirements.txt requirements-dev.txt client/pyproject.toml
+REQ_HASH := $(shell cat $(REQ_FILES) | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.installed-$(REQ_HASH)
+
+.PHONY: run test lint bench venv
+
+venv: $(STAMP)
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "Sluice needs Python 3.11 or newer; run: make PYTHON=/path/to/python3.11 ..." >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): | $(PY)
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+run: venv
+	$(PY) scripts/dev.py
+
+# The suite needs a real Postgres and Redis; these are the local default ports.
+test: venv
+	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
+	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy config workspaces admission dashboard tests scripts
+
+bench: venv
+	@if [ -f benchmarks/run.py ]; then \
+		$(PY) benchmarks/run.py; \
+	else \
+		echo "make bench: benchmarks/run.py does not exist yet, so there is nothing to run." >&2; \
+		exit 1; \
+	fi

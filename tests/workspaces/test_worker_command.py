@@ -1,0 +1,124 @@
+"""execute_command end to end: the timeout kills the command's whole process tree, output is
+capped per stream, and the exit code or signal comes back as the contract spells it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from livesupport import ApiServer, Worker, git_workspace
+from workerkit import call, pid_alive, request
+
+pytestmark = pytest.mark.e2e
+
+RESULT_KEYS = {"protocolVersion", "operation", "workspaceId", "exitCode", "stdout", "stderr", "truncated", "timedOut"}
+
+# The leader, a child and a grandchild each append their pid, then sleep far past the timeout.
+# The grandchild is started from inside the child, so only a kill of the whole process group
+# (not of the leader, not of its direct children) reaches it.
+TREE = """
+echo $$ >> pids
+sh -c 'echo $$ >> pids; sh -c "echo \\$\\$ >> pids; exec sleep 60" & exec sleep 60' &
+sleep 60
+"""
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return git_workspace(tmp_path / "repo")
+
+
+@pytest.fixture
+def owner(account_factory: Any) -> Any:
+    return account_factory()
+
+
+@pytest.fixture
+def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
+    return worker_factory(owner, {"repo": repo}, slots=2)
+
+
+@pytest.fixture
+def http(api: ApiServer) -> Iterator[httpx.Client]:
+    with api.client() as client:
+        yield client
+
+
+def run(http: httpx.Client, owner: Any, command: str, **fields: Any) -> dict[str, Any]:
+    response = call(http, owner, request("execute_command", command=command, **fields))
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_a_timeout_kills_the_whole_process_tree(http, owner, worker, repo):
+    started = time.monotonic()
+    result = run(http, owner, TREE, timeoutMs=1500)
+    elapsed = time.monotonic() - started
+    assert result == {
+        "protocolVersion": 1,
+        "operation": "execute_command",
+        "workspaceId": "repo",
+        "exitCode": None,
+        "signal": "SIGKILL",
+        "stdout": "",
+        "stderr": "",
+        "truncated": False,
+        "timedOut": True,
+    }
+    # Killed at its timeout, not at the exec deadline (timeout + 5 s) and not before.
+    assert 1.5 <= elapsed < 4.0
+    pids = [int(line) for line in (repo / "pids").read_text().split()]
+    assert len(pids) == 3
+    assert [pid for pid in pids if pid_alive(pid)] == []
+
+
+def test_a_background_job_left_behind_is_killed_when_the_command_ends(http, owner, worker, repo):
+    started = time.monotonic()
+    result = run(http, owner, "sh -c 'echo $$ > bg.pid; exec sleep 60' & echo done", timeoutMs=30_000)
+    elapsed = time.monotonic() - started
+    assert (result["exitCode"], result["stdout"], result["timedOut"]) == (0, "done\n", False)
+    # The job holds stdout open; the worker does not wait for it, it kills it.
+    assert elapsed < 5.0
+    assert not pid_alive(int((repo / "bg.pid").read_text()))
+
+
+def test_output_is_capped_per_stream_at_max_output_bytes(http, owner, worker, repo):
+    noisy = "head -c 3000 /dev/zero | tr '\\0' o; head -c 3000 /dev/zero | tr '\\0' e >&2"
+    cut = run(http, owner, noisy, maxOutputBytes=1000)
+    assert set(cut) == RESULT_KEYS
+    assert (cut["stdout"], cut["stderr"], cut["truncated"], cut["exitCode"]) == ("o" * 1000, "e" * 1000, True, 0)
+
+    exact = run(http, owner, noisy, maxOutputBytes=3000)
+    assert (exact["stdout"], exact["stderr"], exact["truncated"]) == ("o" * 3000, "e" * 3000, False)
+
+
+def test_a_cut_never_splits_a_character(http, owner, worker, repo):
+    # Three 2-byte characters cut at 3 bytes: the half character is dropped, not replaced.
+    result = run(http, owner, "printf 'ééé'", maxOutputBytes=3)
+    assert (result["stdout"], result["truncated"]) == ("é", True)
+
+
+def test_an_endless_producer_is_capped_and_stopped_at_its_timeout(http, owner, worker, repo):
+    result = run(http, owner, "yes", maxOutputBytes=10, timeoutMs=1000)
+    assert (result["stdout"], result["truncated"], result["timedOut"], result["signal"]) == (
+        "y\n" * 5,
+        True,
+        True,
+        "SIGKILL",
+    )
+
+
+def test_exit_code_and_signal_are_reported_as_the_contract_spells_them(http, owner, worker, repo):
+    exited = run(http, owner, "exit 7")
+    assert set(exited) == RESULT_KEYS
+    assert (exited["exitCode"], exited["timedOut"]) == (7, False)
+
+    signalled = run(http, owner, "kill -TERM $$")
+    assert set(signalled) == RESULT_KEYS | {"signal"}
+    assert (signalled["exitCode"], signalled["signal"], signalled["timedOut"]) == (None, "SIGTERM", False)

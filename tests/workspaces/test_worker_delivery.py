@@ -1,0 +1,116 @@
+"""At most once (§4.2): a duplicate, stale or late Celery delivery of an assignment never runs.
+
+These tests play the broker's part: they enter a call into the worker's real queue (so it
+holds a genuine ticket under the worker's current incarnation, as an API process would), then
+publish the assignment message to the worker's own Celery queue themselves, once or twice or
+in a stale form, exactly as a redelivering broker or a confused API process could. The worker
+under test is a real `runworker` process; its command appends a line to a marker file each
+time it runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from livesupport import Worker, git_workspace
+from workerkit import admit, assignment, publish, request, wait_for_settlement, worker_stats
+
+pytestmark = pytest.mark.e2e
+
+RUN_ONCE = request("execute_command", command="echo ran >> ../marker", timeoutMs=10_000)
+# What the API gives execute_command: its timeout plus 5 s to settle (§2.3).
+EXEC_BUDGET_MS = 15_000
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    # The marker lives next to the workspace, so no operation's own output lands in it.
+    return git_workspace(tmp_path / "repo")
+
+
+@pytest.fixture
+def marker(repo: Path) -> Path:
+    return repo.parent / "marker"
+
+
+@pytest.fixture
+def owner(account_factory: Any) -> Any:
+    return account_factory()
+
+
+@pytest.fixture
+def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
+    return worker_factory(owner, {"repo": repo}, slots=2)
+
+
+def logged(worker: Worker, message: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The worker's structured log line with this message (waits for it to be written)."""
+    assert worker.process is not None
+    line = worker.process.wait_for(f'"message": "{message}"', timeout_s=timeout_s)
+    record: dict[str, Any] = json.loads(line)
+    return record
+
+
+def run_a_fresh_assignment(owner: Any, marker: Path) -> None:
+    """Proves the worker consumes and runs assignments: whatever it dropped, it dropped on purpose."""
+    entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
+    publish(owner.worker_id, assignment(owner.worker_id, entry_id, grant, RUN_ONCE))
+    settled = wait_for_settlement(owner.worker_id, entry_id, timeout_s=10)
+    assert settled is not None and settled["ok"] is True, settled
+
+
+def test_duplicate_delivery_of_one_assignment_runs_it_once(owner, worker, marker):
+    entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
+    message = assignment(owner.worker_id, entry_id, grant, RUN_ONCE)
+    publish(owner.worker_id, message)
+    publish(owner.worker_id, message)
+
+    settled = wait_for_settlement(owner.worker_id, entry_id, timeout_s=10)
+    assert settled is not None
+    assert (settled["ok"], settled["result"]["exitCode"]) == (True, 0)
+    dropped = logged(worker, "duplicate delivery dropped")
+    assert (dropped["ticket"], dropped["worker_id"]) == (grant.ticket, owner.worker_id)
+    assert marker.read_text() == "ran\n"
+    # The duplicate was dropped before running, so it never tried to settle either.
+    assert "settle_discarded" not in worker_stats(owner.worker_id)
+
+
+def test_an_assignment_past_its_exec_deadline_is_dropped_and_never_runs(owner, worker, marker):
+    entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
+    # A message the broker hands over late: its deadline has passed by the time it arrives.
+    late = assignment(owner.worker_id, entry_id, grant, RUN_ONCE, execDeadlineMs=grant.admitted_ms - 1)
+    publish(owner.worker_id, late)
+
+    dropped = logged(worker, "assignment past its deadline dropped")
+    assert dropped["ticket"] == grant.ticket
+    assert not marker.exists()
+    run_a_fresh_assignment(owner, marker)
+    assert marker.read_text() == "ran\n"
+
+
+def test_an_assignment_for_the_previous_incarnation_is_dropped_by_the_new_one(owner, worker, marker):
+    entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
+    stale = assignment(owner.worker_id, entry_id, grant, RUN_ONCE)
+    assert stale["incarnation"] == worker.incarnation
+    worker.stop()
+    # The message waits in the worker's queue (same name across incarnations) until the worker
+    # is back, as a message restored by the broker after a crash would.
+    publish(owner.worker_id, stale)
+    worker.start()
+    assert worker.incarnations[0] != worker.incarnations[1]
+
+    dropped = logged(worker, "assignment for another incarnation dropped")
+    assert dropped["ticket"] == grant.ticket
+    assert not marker.exists()
+    run_a_fresh_assignment(owner, marker)
+    assert marker.read_text() == "ran\n"
+
+
+def test_an_assignment_naming_another_worker_is_dropped(owner, worker, marker):
+    entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
+    publish(owner.worker_id, assignment(owner.worker_id, entry_id, grant, RUN_ONCE, workerId="someone-else"))
+    logged(worker, "assignment for another incarnation dropped")
+    assert not marker.exists()
