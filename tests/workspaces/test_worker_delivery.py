@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from livesupport import Worker, git_workspace
-from workerkit import admit, assignment, publish, request, wait_for_settlement, worker_stats
+from workerkit import admit, assignment, publish, release, request, wait_for_settlement, worker_stats
 
 pytestmark = pytest.mark.e2e
 
@@ -65,8 +65,9 @@ def run_a_fresh_assignment(owner: Any, marker: Path) -> None:
 def test_duplicate_delivery_of_one_assignment_runs_it_once(owner, worker, marker):
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
     message = assignment(owner.worker_id, entry_id, grant, RUN_ONCE)
-    publish(owner.worker_id, message)
-    publish(owner.worker_id, message)
+    # The same message twice, task id included: what a broker redelivery looks like.
+    publish(owner.worker_id, message, task_id=entry_id)
+    publish(owner.worker_id, message, task_id=entry_id)
 
     settled = wait_for_settlement(owner.worker_id, entry_id, timeout_s=10)
     assert settled is not None
@@ -87,6 +88,8 @@ def test_an_assignment_past_its_exec_deadline_is_dropped_and_never_runs(owner, w
     dropped = logged(worker, "assignment past its deadline dropped")
     assert dropped["ticket"] == grant.ticket
     assert not marker.exists()
+    # Nobody settles a dropped assignment; the API frees its key when it gives up on it.
+    assert release(owner.worker_id, entry_id, grant.ticket)
     run_a_fresh_assignment(owner, marker)
     assert marker.read_text() == "ran\n"
 

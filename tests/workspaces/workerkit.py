@@ -40,7 +40,8 @@ def call(
 
 
 def admission_redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
+    # An explicit socket timeout: redis-py 8 defaults to 5 s, shorter than some waits here.
+    return redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True, socket_timeout=30)
 
 
 def ticket_counter(worker_id: str) -> int:
@@ -113,6 +114,20 @@ def admit(worker_id: str, body: dict[str, Any], *, exec_budget_ms: int = 10_000)
     return entry_id, entered.grant
 
 
+def release(worker_id: str, entry_id: str, ticket: int) -> bool:
+    """Give up on an entry as the API does once its exec deadline passes (frees its key)."""
+
+    async def go() -> bool:
+        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
+        try:
+            queue = AsyncQueue(client, settings.REDIS_KEY_PREFIX)
+            return await queue.release(worker_id=worker_id, entry_id=entry_id, ticket=ticket, slot_ceiling=8)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(go())
+
+
 def assignment(worker_id: str, entry_id: str, grant: Grant, body: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     """The message the API hands to Celery (admission/services.py `_assignment`)."""
     validated = validate_request(body)
@@ -131,12 +146,13 @@ def assignment(worker_id: str, entry_id: str, grant: Grant, body: dict[str, Any]
     return message
 
 
-def publish(worker_id: str, message: dict[str, Any]) -> None:
-    """Put an assignment on the worker's own Celery queue, as dispatch does (no expiry: the
-    worker's own checks are what is under test)."""
+def publish(worker_id: str, message: dict[str, Any], *, task_id: str | None = None) -> None:
+    """Put an assignment on the worker's own Celery queue, as dispatch does. No message expiry:
+    the worker's own checks are what is under test. The same `task_id` twice is what a broker
+    redelivery looks like."""
     from workspaces.tasks import run_assignment
 
-    run_assignment.apply_async(args=[message], queue=worker_queue_name(worker_id))
+    run_assignment.apply_async(args=[message], queue=worker_queue_name(worker_id), task_id=task_id)
 
 
 def wait_for_settlement(worker_id: str, entry_id: str, timeout_s: float) -> dict[str, Any] | None:

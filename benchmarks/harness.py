@@ -1,0 +1,78 @@
+"""Shared set-up for benchmarks: a throwaway database, its own Redis namespace, real processes.
+
+Import this before anything from Django: it points DATABASE_URL at the throwaway database
+and gives the run its own SLUICE_REDIS_PREFIX, then sets Django up in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+def _database_url(name: str) -> str:
+    base = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/test")
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+def prepare(name: str = "sluice_bench", **env: str) -> dict[str, str]:
+    """Recreate database `name`, migrate it, set Django up here; returns the children's env."""
+    import psycopg
+
+    admin_url = _database_url("postgres")
+    with psycopg.connect(admin_url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    os.environ.update(env)
+    os.environ["DATABASE_URL"] = _database_url(name)
+    os.environ["SLUICE_REDIS_PREFIX"] = f"bench-{uuid.uuid4().hex[:8]}:"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    from livesupport import base_env
+
+    return base_env({k: os.environ[k] for k in ("DATABASE_URL", "SLUICE_REDIS_PREFIX", *env)})
+
+
+def account(worker_id: str, tenant: str = "bench") -> dict[str, str]:
+    from workspaces.management.commands.bootstrap import bootstrap
+
+    return bootstrap(tenant=tenant, user="bench", worker_id=worker_id)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary(values_ms: list[float]) -> dict[str, Any]:
+    return {
+        "n": len(values_ms),
+        "p50_ms": round(percentile(values_ms, 50), 3),
+        "p99_ms": round(percentile(values_ms, 99), 3),
+        "mean_ms": round(statistics.fmean(values_ms), 3) if values_ms else None,
+    }
+
+
+def cleanup_redis() -> None:
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(match=f"{settings.REDIS_KEY_PREFIX}*", count=1000):
+        client.delete(key)
