@@ -26,7 +26,7 @@ $(STAMP): | $(PY)
 	@touch $@
 
 run: venv
-	$(PY) scripts/dev.py
+	$(PY) -m scripts.dev
 
 # The suite needs a real Postgres and Redis; these are the local default ports.
 test: venv

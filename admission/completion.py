@@ -6,6 +6,9 @@ rows from the stream into Postgres in batches, acknowledging them only once they
 committed. If Postgres is down, rows wait in the stream and land when it is back; a row is
 written at most once (its uid is unique). If Redis itself refuses the XADD, the row is written
 to Postgres directly instead.
+
+The same round trip bumps the `/metrics` counters and histograms (one Redis hash shared by
+every API process, so any process can expose totals for all of them): see `metrics_record`.
 """
 
 from __future__ import annotations
@@ -74,6 +77,10 @@ class CompletionDraft:
         data = asdict(self)
         data.pop("started_monotonic")
         data["request_id"] = self.request_id or self.uid
+        if self.fencing_ticket is not None and self.slot_index is None and not self.queue_wait_ms:
+            # Entered the queue and never admitted (timed out, cancelled, disconnected, worker
+            # gone): the call waited for its whole life, and that wait is what attribution needs.
+            data["queue_wait_ms"] = self.duration_ms
         return data
 
 
@@ -101,11 +108,87 @@ def _decode(fields: dict[str, str]) -> dict[str, Any]:
     return data
 
 
+# ---------------------------------------------------------------------------------------
+# Metrics: one Redis hash, field -> integer. Fields (W = worker label, "" when unconfirmed):
+#   a|W                admitted calls          r|W|<reason>   refusals (never ran)
+#   c|W|<code>         every POST by code ("OK" for a 200)
+#   qw|W|<i>, qw|W|sum_ms, qw|W|n   queue-wait histogram (bucket i is NOT cumulative)
+#   ex|W|<i>, ex|W|sum_ms, ex|W|n   execution histogram
+# No isolation keys or principals ever appear in a field.
+
+# Histogram upper bounds in seconds, up to the 300 s ceilings of waiting and of commands.
+METRIC_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_REASONS = {
+    "WORKER_QUEUE_FULL": "queue_full",
+    "WORKSPACE_QUEUE_TIMEOUT": "queue_timeout",
+    "RATE_LIMITED": "rate_limited",
+    "REQUEST_CANCELLED": "cancelled",
+    "CLIENT_DISCONNECTED": "disconnected",
+    "WORKSPACE_QUARANTINED": "quarantined",
+}
+# Admission outcomes and codes that are only reached once the worker was found in the caller's
+# tenant. Anything earlier carries a worker id the caller merely claimed, and labelling by it
+# would let any caller grow the metrics without bound.
+_CONFIRMED_OUTCOMES = {"admitted", "queue_full", "queue_timeout", "cancelled"}
+_CONFIRMED_CODES = {"WORKER_MISMATCH", "WORKSPACE_QUARANTINED", "WORKER_OFFLINE"}
+
+
+def metrics_key() -> str:
+    return f"{settings.REDIS_KEY_PREFIX}metrics:calls"
+
+
+def metrics_worker_label(data: dict[str, Any]) -> str:
+    confirmed = data["admission_outcome"] in _CONFIRMED_OUTCOMES or data["code"] in _CONFIRMED_CODES
+    return str(data["worker_id"]) if confirmed and data["tenant_hash"] else ""
+
+
+def rejection_reason(data: dict[str, Any]) -> str | None:
+    """Why a call was refused without running, or None when it was dispatched or succeeded."""
+    if data["http_status"] == 200 or data["exec_ms"] is not None:
+        return None
+    code = str(data["code"]) or "unknown"
+    return _REASONS.get(code, code.lower())
+
+
+def metric_bucket(value_ms: int) -> int:
+    """Index of the first bucket holding value_ms; len(METRIC_BUCKETS_S) is +Inf."""
+    seconds = value_ms / 1000
+    return next((i for i, le in enumerate(METRIC_BUCKETS_S) if seconds <= le), len(METRIC_BUCKETS_S))
+
+
+def metrics_record(pipe: Any, data: dict[str, Any]) -> None:
+    """Queue the counter and histogram updates for one finished call on `pipe` (no round trip)."""
+    key = metrics_key()
+    worker = metrics_worker_label(data)
+    pipe.hincrby(key, f"c|{worker}|{data['code'] or 'OK'}", 1)
+    if data["slot_index"] is not None:
+        pipe.hincrby(key, f"a|{worker}", 1)
+    reason = rejection_reason(data)
+    if reason is not None:
+        pipe.hincrby(key, f"r|{worker}|{reason}", 1)
+    if data["fencing_ticket"] is not None:
+        _observe(pipe, key, f"qw|{worker}", int(data["queue_wait_ms"] or 0))
+    if data["exec_ms"] is not None:
+        _observe(pipe, key, f"ex|{worker}", int(data["exec_ms"]))
+
+
+def _observe(pipe: Any, key: str, name: str, value_ms: int) -> None:
+    pipe.hincrby(key, f"{name}|{metric_bucket(value_ms)}", 1)
+    pipe.hincrby(key, f"{name}|sum_ms", value_ms)
+    pipe.hincrby(key, f"{name}|n", 1)
+
+
 async def completion_emit(draft: CompletionDraft, client: Any) -> None:
     data = draft.row()
     log.info("Workspace tool request completed", extra={k: v for k, v in data.items() if k != "started"})
     try:
-        await client.xadd(stream_key(), _encode(data), maxlen=STREAM_MAX_ROWS, approximate=True)
+        # One round trip: the row and its metrics. Not a transaction: if the metrics part
+        # failed after the XADD, the fallback below writes the row once more, and its unique
+        # uid keeps that from becoming a second row.
+        pipe = client.pipeline(transaction=False)
+        pipe.xadd(stream_key(), _encode(data), maxlen=STREAM_MAX_ROWS, approximate=True)
+        metrics_record(pipe, data)
+        await pipe.execute()
     except Exception:
         log.warning("completion stream unavailable; writing the row to Postgres directly", exc_info=True)
         await sync_to_async(completion_write, thread_sensitive=False)([data])

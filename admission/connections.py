@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from django.conf import settings
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from django.conf import settings
 
 from admission.queue import AsyncQueue, SyncQueue
 
@@ -23,7 +24,7 @@ _sync: SyncQueue | None = None
 _async: dict[int, AsyncQueue] = {}
 
 
-def _client_kwargs() -> dict[str, object]:
+def _client_kwargs() -> dict[str, Any]:
     # No socket_timeout: BLPOP waits up to the call's own deadline. Connecting is bounded.
     # One quick retry, then the error: an outage must become a prompt typed 503, not a 5 s stall.
     return {
@@ -34,7 +35,7 @@ def _client_kwargs() -> dict[str, object]:
     }
 
 
-def _async_kwargs() -> dict[str, object]:
+def _async_kwargs() -> dict[str, Any]:
     kwargs = _client_kwargs()
     kwargs["retry"] = AsyncRetry(ExponentialBackoff(cap=0.05, base=0.01), 1)
     return kwargs
@@ -54,6 +55,8 @@ def async_queue() -> AsyncQueue:
     loop = asyncio.get_running_loop()
     queue = _async.get(id(loop))
     if queue is None:
-        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, max_connections=20_000, **_async_kwargs())
+        client = aioredis.Redis.from_url(
+            settings.ADMISSION_REDIS_URL, max_connections=20_000, **_async_kwargs()
+        )
         queue = _async[id(loop)] = AsyncQueue(client, settings.REDIS_KEY_PREFIX)
     return queue

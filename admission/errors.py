@@ -38,7 +38,9 @@ class ApiError(Exception):
 
 
 def unauthenticated() -> ApiError:
-    return ApiError(401, "UNAUTHENTICATED", "A valid API key is required (Authorization: Bearer <key>).")
+    return ApiError(
+        401, "UNAUTHENTICATED", "A valid API key is required (Authorization: Bearer <key>)."
+    )
 
 
 _DRF_CODES = {
@@ -57,13 +59,14 @@ _DRF_CODES = {
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's handler, reshaped so every DRF view answers in the typed error shape."""
     if isinstance(exc, ApiError):
-        response = Response({"error": exc.message, "code": exc.code}, status=exc.status)
+        typed = Response({"error": exc.message, "code": exc.code}, status=exc.status)
         for name, value in exc.headers.items():
-            response[name] = value
-        return response
-    response = drf_exception_handler(exc, context)
-    if response is None:
+            typed[name] = value
+        return typed
+    handled = drf_exception_handler(exc, context)
+    if handled is None:
         return None
+    response: Response = handled
     status, code = next(
         ((s, c) for kind, (s, c) in _DRF_CODES.items() if isinstance(exc, kind)),
         (response.status_code, "INVALID_REQUEST"),

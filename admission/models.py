@@ -80,9 +80,13 @@ class AdmissionPolicy(models.Model):
     def __str__(self) -> str:
         return "Admission policy"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.pk = 1  # There is only ever one policy row.
+        super().save(*args, **kwargs)
+
     @classmethod
     def from_env(cls) -> AdmissionPolicy:
-        env = settings.SLUICE_POLICY_DEFAULTS
+        env: dict[str, Any] = settings.SLUICE_POLICY_DEFAULTS
         return cls(
             pk=1,
             job_timeout_ms=env["JOB_TIMEOUT"],
@@ -91,10 +95,6 @@ class AdmissionPolicy(models.Model):
             max_lease_slots=env["CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS"],
             rate_limit=env["WORKSPACE_TOOLS_RATE_LIMIT"],
         )
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        self.pk = 1  # There is only ever one policy row.
-        super().save(*args, **kwargs)
 
 
 class Quarantine(models.Model):
@@ -123,7 +123,9 @@ class Quarantine(models.Model):
 class CompletionLog(models.Model):
     """One row per POST to the execute endpoint, admitted or not (contract §5)."""
 
-    uid = models.CharField(max_length=32, unique=True, help_text="Names the row; a row is written once.")
+    uid = models.CharField(
+        max_length=32, unique=True, help_text="Names the row; a row is written once."
+    )
     request_id = models.CharField(max_length=128, db_index=True)
     created_at = models.DateTimeField(default=timezone.now)
     tenant_hash = models.CharField(max_length=64)

@@ -121,7 +121,9 @@ class _Scripts:
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
-        self.scripts = {name: register(client, name, with_common=True) for name in ADMISSION_SCRIPTS}
+        self.scripts = {
+            name: register(client, name, with_common=True) for name in ADMISSION_SCRIPTS
+        }
 
     def keys(self, worker_id: str) -> WorkerKeys:
         return worker_keys(self.prefix, worker_id)
@@ -147,13 +149,24 @@ class AsyncQueue(_Scripts):
         raw = await self.scripts["enter"](
             keys=[k.reg, k.queue, k.entries, k.stats],
             args=[
-                _now(now_ms), entry_id, key[0], key[1], queue_budget_ms, exec_budget_ms,
-                queue_limit, slot_ceiling, k.wake_prefix, operation, STATS_TTL_MS,
+                _now(now_ms),
+                entry_id,
+                key[0],
+                key[1],
+                queue_budget_ms,
+                exec_budget_ms,
+                queue_limit,
+                slot_ceiling,
+                k.wake_prefix,
+                operation,
+                STATS_TTL_MS,
             ],
         )
         return parse_entered(raw)
 
-    async def wait(self, *, worker_id: str, entry_id: str, timeout_ms: int) -> dict[str, Any] | None:
+    async def wait(
+        self, *, worker_id: str, entry_id: str, timeout_ms: int
+    ) -> dict[str, Any] | None:
         """Block until something is pushed for this entry, or the timeout passes (None)."""
         timeout_s = max(timeout_ms, 1) / 1000
         popped = await self.client.blpop([self.keys(worker_id).wake(entry_id)], timeout=timeout_s)
@@ -177,12 +190,24 @@ class AsyncQueue(_Scripts):
         k = self.keys(worker_id)
         raw = await self.scripts["leave"](
             keys=[k.reg, k.queue, k.entries],
-            args=[_now(now_ms), entry_id, slot_ceiling, k.wake_prefix, json.dumps(message) if message else ""],
+            args=[
+                _now(now_ms),
+                entry_id,
+                slot_ceiling,
+                k.wake_prefix,
+                json.dumps(message) if message else "",
+            ],
         )
         return parse_left(raw)
 
     async def release(
-        self, *, worker_id: str, entry_id: str, ticket: int, slot_ceiling: int, now_ms: int | None = None
+        self,
+        *,
+        worker_id: str,
+        entry_id: str,
+        ticket: int,
+        slot_ceiling: int,
+        now_ms: int | None = None,
     ) -> bool:
         k = self.keys(worker_id)
         raw = await self.scripts["release"](
@@ -223,8 +248,11 @@ class AsyncQueue(_Scripts):
         worker_id, _, entry_id = _s(bound).partition(" ")
         if not entry_id:
             return "finished"
-        status, _grant_ = await self.leave(
-            worker_id=worker_id, entry_id=entry_id, slot_ceiling=slot_ceiling, message={"t": "cancelled"}
+        status, _ = await self.leave(
+            worker_id=worker_id,
+            entry_id=entry_id,
+            slot_ceiling=slot_ceiling,
+            message={"t": "cancelled"},
         )
         return {"left": "cancelled", "running": "running"}.get(status, "finished")
 
@@ -232,7 +260,9 @@ class AsyncQueue(_Scripts):
 class SyncQueue(_Scripts):
     """The worker-facing side (plain redis): registration, heartbeats, settlement, snapshots."""
 
-    def register_incarnation(self, *, worker_id: str, incarnation: str, slots: int, ttl_ms: int) -> tuple[int, int]:
+    def register_incarnation(
+        self, *, worker_id: str, incarnation: str, slots: int, ttl_ms: int
+    ) -> tuple[int, int]:
         k = self.keys(worker_id)
         raw = self.scripts["register"](
             keys=[k.reg, k.queue, k.entries], args=[incarnation, slots, ttl_ms, k.wake_prefix]
@@ -240,11 +270,17 @@ class SyncQueue(_Scripts):
         return int(raw[0]), int(raw[1])
 
     def heartbeat(self, *, worker_id: str, incarnation: str, ttl_ms: int) -> bool:
-        return bool(self.scripts["heartbeat"](keys=[self.keys(worker_id).reg], args=[incarnation, ttl_ms]))
+        return bool(
+            self.scripts["heartbeat"](keys=[self.keys(worker_id).reg], args=[incarnation, ttl_ms])
+        )
 
     def deregister(self, *, worker_id: str, incarnation: str) -> int:
         k = self.keys(worker_id)
-        return int(self.scripts["deregister"](keys=[k.reg, k.queue, k.entries], args=[incarnation, k.wake_prefix]))
+        return int(
+            self.scripts["deregister"](
+                keys=[k.reg, k.queue, k.entries], args=[incarnation, k.wake_prefix]
+            )
+        )
 
     def settle(
         self,
@@ -259,11 +295,21 @@ class SyncQueue(_Scripts):
         k = self.keys(worker_id)
         raw = self.scripts["settle"](
             keys=[k.reg, k.queue, k.entries, k.stats],
-            args=[_now(now_ms), entry_id, incarnation, ticket, json.dumps(payload), k.wake_prefix, STATS_TTL_MS],
+            args=[
+                _now(now_ms),
+                entry_id,
+                incarnation,
+                ticket,
+                json.dumps(payload),
+                k.wake_prefix,
+                STATS_TTL_MS,
+            ],
         )
         return _s(raw[0]) == "accepted"
 
-    def snapshot(self, worker_id: str) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, str]]:
+    def snapshot(
+        self, worker_id: str
+    ) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, str]]:
         """(registration, entries in arrival order, counters) for metrics and the dashboard."""
         k = self.keys(worker_id)
         pipe = self.client.pipeline(transaction=False)
@@ -273,4 +319,8 @@ class SyncQueue(_Scripts):
         pipe.hgetall(k.stats)
         reg, ids, entries, stats = pipe.execute()
         ordered = [decode_entry(entries[i]) for i in ids if i in entries]
-        return {_s(a): _s(b) for a, b in reg.items()}, ordered, {_s(a): _s(b) for a, b in stats.items()}
+        return (
+            {_s(a): _s(b) for a, b in reg.items()},
+            ordered,
+            {_s(a): _s(b) for a, b in stats.items()},
+        )

@@ -7,6 +7,7 @@ before that point says so, every answer after it is ambiguous unless the worker 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -53,6 +54,8 @@ class Call:
     queue_wait_header_ms: int
     request_id: str | None
     draft: CompletionDraft
+    target: Target | None = None
+    request_id_claimed: bool = False
     entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     response_headers: dict[str, str] = field(default_factory=dict)
 
@@ -62,7 +65,9 @@ class Call:
 
 
 def _offline(worker_id: str) -> ApiError:
-    return ApiError(503, "WORKER_OFFLINE", f"Worker {worker_id} is offline; the operation was not started.")
+    return ApiError(
+        503, "WORKER_OFFLINE", f"Worker {worker_id} is offline; the operation was not started."
+    )
 
 
 def _mismatch(message: str) -> ApiError:
@@ -77,9 +82,13 @@ def check_target(call: Call, target: Target | None) -> Target:
     if not target.workspace_registered:
         raise _mismatch(f"Workspace {workspace} is not registered on worker {call.worker_id}")
     if call.operation not in target.operations:
-        raise _mismatch(f"Worker {call.worker_id} does not offer {call.operation} on workspace {workspace}")
+        raise _mismatch(
+            f"Worker {call.worker_id} does not offer {call.operation} on workspace {workspace}"
+        )
     if call.request.get("worktree") and not target.linked_worktree_lanes:
-        raise _mismatch(f"Worker {call.worker_id} does not offer linked-worktree lanes on workspace {workspace}")
+        raise _mismatch(
+            f"Worker {call.worker_id} does not offer linked-worktree lanes on workspace {workspace}"
+        )
     if target.quarantined:
         raise ApiError(
             409,
@@ -92,14 +101,9 @@ def check_target(call: Call, target: Target | None) -> Target:
     return target
 
 
-async def _target(call: Call) -> Target:
-    target = await sync_to_async(call_target, thread_sensitive=False)(
-        caller=call.caller,
-        worker_id=call.worker_id,
-        workspace_id=str(call.request["workspaceId"]),
-        key_hash=call.draft.isolation_key_hash,
-    )
-    return check_target(call, target)
+def isolation_key_hash(worker_id: str, request: dict[str, Any]) -> str:
+    base, lane = isolation_key(request)
+    return keyed_hash("isolation", f"{worker_id}\x1f{base}\x1f{lane}")
 
 
 async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter) -> None:
@@ -112,7 +116,11 @@ async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter) -> None:
     if not decision.allowed:
         call.draft.admission_outcome = "rate_limited"
         raise ApiError(
-            429, "RATE_LIMITED", decision.body()["message"], headers=decision.headers(policy.rate), body=decision.body()
+            429,
+            "RATE_LIMITED",
+            str(decision.body()["message"]),
+            headers=decision.headers(policy.rate),
+            body=decision.body(),
         )
 
 
@@ -123,7 +131,9 @@ async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadlin
         if left_ms <= 0:
             break
         message = await queue.wait(
-            worker_id=call.worker_id, entry_id=call.entry_id, timeout_ms=min(left_ms, SAFETY_RECHECK_MS)
+            worker_id=call.worker_id,
+            entry_id=call.entry_id,
+            timeout_ms=min(left_ms, SAFETY_RECHECK_MS),
         )
         if message is not None:
             return _granted_or_raise(call, message)
@@ -167,20 +177,28 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
     if kind == "cancelled":
         call.draft.admission_outcome = "cancelled"
         call.draft.outcome = "cancelled"
-        raise ApiError(409, "REQUEST_CANCELLED", "The call was cancelled while it waited; it was not started.")
+        raise ApiError(
+            409, "REQUEST_CANCELLED", "The call was cancelled while it waited; it was not started."
+        )
     raise _offline(call.worker_id)
 
 
-async def _wait_for_result(call: Call, queue: AsyncQueue, grant: Grant, deadline: float, policy: Policy) -> dict[str, Any]:
+async def _wait_for_result(
+    call: Call, queue: AsyncQueue, grant: Grant, deadline: float, policy: Policy
+) -> dict[str, Any]:
     """Wait for the worker's settlement until the exec deadline. Past that, the outcome is unknown."""
     left_ms = int((deadline - time.monotonic()) * 1000) + SETTLE_GRACE_MS
-    message = await queue.wait(worker_id=call.worker_id, entry_id=call.entry_id, timeout_ms=max(left_ms, 1))
-    if message is None:
-        if not await queue.release(
-            worker_id=call.worker_id, entry_id=call.entry_id, ticket=grant.ticket, slot_ceiling=policy.max_lease_slots
-        ):
-            # Settled (or cleared) between the timeout and the release: take what was pushed.
-            message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
+    message = await queue.wait(
+        worker_id=call.worker_id, entry_id=call.entry_id, timeout_ms=max(left_ms, 1)
+    )
+    if message is None and not await queue.release(
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        ticket=grant.ticket,
+        slot_ceiling=policy.max_lease_slots,
+    ):
+        # Settled (or cleared) between the timeout and the release: take what was pushed.
+        message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
     if message is None or message.get("t") == "vanished":
         raise ApiError(
             504,
@@ -200,9 +218,13 @@ async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, A
         try:
             validate_result(call.request, result)
         except ProtocolError as exc:
-            log.warning("worker result refused", extra={"worker_id": call.worker_id, "reason": exc.message})
+            log.warning(
+                "worker result refused", extra={"worker_id": call.worker_id, "reason": exc.message}
+            )
             raise ApiError(
-                502, "RESULT_INVALID", f"The worker's result broke the protocol ({exc.message}); it may have run."
+                502,
+                "RESULT_INVALID",
+                f"The worker's result broke the protocol ({exc.message}); it may have run.",
             ) from None
         assert isinstance(result, dict)
         return result
@@ -210,7 +232,9 @@ async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, A
         status, code, text = validate_error_result(message.get("error"))
     except ProtocolError as exc:
         raise ApiError(
-            502, "RESULT_INVALID", f"The worker's error broke the protocol ({exc.message}); it may have run."
+            502,
+            "RESULT_INVALID",
+            f"The worker's error broke the protocol ({exc.message}); it may have run.",
         ) from None
     if message.get("quarantine") is True and call.operation in MUTATING_OPERATIONS:
         await sync_to_async(quarantine_key, thread_sensitive=False)(call=call, reason=text)
@@ -229,7 +253,9 @@ def quarantine_key(*, call: Call, reason: str) -> None:
     )
 
 
-def _assignment(call: Call, grant: Grant, incarnation: str, exec_budget_ms: int, command_timeout_ms: int) -> dict[str, Any]:
+def _assignment(
+    call: Call, grant: Grant, incarnation: str, exec_budget_ms: int, command_timeout_ms: int
+) -> dict[str, Any]:
     return {
         "assignmentId": call.entry_id,
         "workerId": call.worker_id,
@@ -246,48 +272,72 @@ def _assignment(call: Call, grant: Grant, incarnation: str, exec_budget_ms: int,
 async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -> dict[str, Any]:
     """Admit, dispatch and await one call. Raises ApiError for every answer but a 200 result."""
     draft = call.draft
-    base, lane = isolation_key(call.request)
-    draft.isolation_key_hash = keyed_hash("isolation", f"{call.worker_id}\x1f{base}\x1f{lane}")
+    base, _lane = isolation_key(call.request)
+    draft.isolation_key_hash = isolation_key_hash(call.worker_id, call.request)
     try:
         policy = await acurrent_policy()
-        queue_ms = deadlines.queue_budget_ms(header_ms=call.queue_wait_header_ms, ceiling_ms=policy.queue_ceiling_ms)
-        exec_ms = deadlines.exec_budget_ms(request=call.request, job_timeout_ms=policy.job_timeout_ms)
+        queue_ms = deadlines.queue_budget_ms(
+            header_ms=call.queue_wait_header_ms, ceiling_ms=policy.queue_ceiling_ms
+        )
+        exec_ms = deadlines.exec_budget_ms(
+            request=call.request, job_timeout_ms=policy.job_timeout_ms
+        )
         draft.deadline_budget_ms = deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
         queue_deadline = draft.started_monotonic + queue_ms / 1000
         await _rate_limit(call, policy, limiter)
-        target = await _target(call)
+        target = check_target(call, call.target)
         if call.request.get("workspaceInstanceId") and not await queue.bind_instance(
             worker_id=call.worker_id, base=base, scope=call.caller.scope
         ):
             raise _mismatch("This workspaceInstanceId belongs to another principal")
-        if call.request_id and not await queue.claim_request_id(
-            scope=call.caller.scope,
-            request_id=call.request_id,
-            worker_id=call.worker_id,
-            entry_id=call.entry_id,
-            ttl_ms=queue_ms + exec_ms + 60_000,
-        ):
-            raise ApiError(400, "INVALID_REQUEST_ID", "This request id already names another call; it was not started.")
+        if call.request_id:
+            claimed = await queue.claim_request_id(
+                scope=call.caller.scope,
+                request_id=call.request_id,
+                worker_id=call.worker_id,
+                entry_id=call.entry_id,
+                ttl_ms=queue_ms + exec_ms + 60_000,
+            )
+            if not claimed:
+                raise ApiError(
+                    400,
+                    "INVALID_REQUEST_ID",
+                    "This request id already names another call; it was not started.",
+                )
+            call.request_id_claimed = True
         return await _admitted_call(call, queue, policy, target, queue_ms, exec_ms, queue_deadline)
     except RedisError:
         log.warning("admission Redis unavailable", exc_info=True)
         if draft.admission_outcome == "admitted":
             raise ApiError(
-                504, "ASSIGNMENT_EXPIRED", "Lost track of the call after it was admitted; it may or may not have run."
+                504,
+                "ASSIGNMENT_EXPIRED",
+                "Lost track of the call after it was admitted; it may or may not have run.",
             ) from None
         raise ApiError(
-            503, "ADMISSION_UNAVAILABLE", "Admission is unavailable right now; the operation was not started."
+            503,
+            "ADMISSION_UNAVAILABLE",
+            "Admission is unavailable right now; the operation was not started.",
         ) from None
     finally:
-        if call.request_id:
-            try:
-                await asyncio.shield(queue.finish_request_id(scope=call.caller.scope, request_id=call.request_id))
-            except (RedisError, asyncio.CancelledError):
-                pass
+        # Only the call that bound the id marks it finished; a refused duplicate must not.
+        if call.request_id_claimed:
+            with contextlib.suppress(RedisError, asyncio.CancelledError):
+                await asyncio.shield(
+                    queue.finish_request_id(
+                        scope=call.caller.scope, request_id=call.request_id or ""
+                    )
+                )
 
 
 async def _admitted_call(
-    call: Call, queue: AsyncQueue, policy: Policy, target: Target, queue_ms: int, exec_ms: int, queue_deadline: float
+    call: Call,
+    queue: AsyncQueue,
+    policy: Policy,
+    target: Target,
+    queue_ms: int,
+    exec_ms: int,
+    queue_deadline: float,
 ) -> dict[str, Any]:
     draft = call.draft
     entered = await queue.enter(
@@ -338,17 +388,24 @@ async def _admitted_call(
     except BaseException:
         await asyncio.shield(
             queue.release(
-                worker_id=call.worker_id, entry_id=call.entry_id, ticket=grant.ticket, slot_ceiling=policy.max_lease_slots
+                worker_id=call.worker_id,
+                entry_id=call.entry_id,
+                ticket=grant.ticket,
+                slot_ceiling=policy.max_lease_slots,
             )
         )
         raise
-    command_timeout = deadlines.command_timeout_ms(request=call.request, job_timeout_ms=policy.job_timeout_ms)
+    command_timeout = deadlines.command_timeout_ms(
+        request=call.request, job_timeout_ms=policy.job_timeout_ms
+    )
     assignment = _assignment(call, grant, incarnation, exec_ms, command_timeout)
     exec_deadline = admitted_at + exec_ms / 1000
     expires = datetime.fromtimestamp(time.time() + exec_ms / 1000, tz=UTC)
     try:
         # From here on the assignment may have reached the worker: no answer may say "not started".
-        await sync_to_async(assignment_dispatch, thread_sensitive=False)(assignment=assignment, expires=expires)
+        await sync_to_async(assignment_dispatch, thread_sensitive=False)(
+            assignment=assignment, expires=expires
+        )
     except Exception:
         log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
     try:
@@ -369,7 +426,13 @@ async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy) -> No
         )
         if status == "running" and grant is not None:
             await queue.release(
-                worker_id=call.worker_id, entry_id=call.entry_id, ticket=grant.ticket, slot_ceiling=policy.max_lease_slots
+                worker_id=call.worker_id,
+                entry_id=call.entry_id,
+                ticket=grant.ticket,
+                slot_ceiling=policy.max_lease_slots,
             )
     except RedisError:
-        log.warning("could not take a departed waiter out of the queue; it expires at its deadline", exc_info=True)
+        log.warning(
+            "could not take a departed waiter out of the queue; it expires at its deadline",
+            exc_info=True,
+        )

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import re
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, InterfaceError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 from sluice_client.protocol import (
+    OPERATIONS,
     ProtocolError,
     parse_queue_wait_header,
     validate_request,
@@ -25,11 +30,17 @@ from admission.connections import async_queue
 from admission.errors import ApiError, unauthenticated
 from admission.policy import acurrent_policy
 from admission.ratelimit import RateLimiter
-from admission.services import Call, call_execute
-from workspaces.access import Caller, caller_for, default_worker_id, principal_for_api_key
+from admission.selectors import call_resolve
+from admission.services import Call, call_execute, isolation_key_hash
+from workspaces.access import Caller, caller_for, principal_for_api_key
 from workspaces.auth import bearer_token
 
+log = logging.getLogger("sluice.admission")
+
 _background: set[asyncio.Task[Any]] = set()
+# On a refusal, the body is looked at for the row's workspace and operation only up to this size.
+_FILL_BODY_MAX_BYTES = 64 * 1024
+_WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # the contract's workspaceId
 
 
 async def authenticate(request: HttpRequest) -> Caller:
@@ -61,7 +72,7 @@ def _declared_too_large(request: HttpRequest) -> bool:
         return False
 
 
-def _parse(request: HttpRequest, caller: Caller, draft: CompletionDraft) -> tuple[dict[str, Any], str | None, int, str | None]:
+def _parse(request: HttpRequest, draft: CompletionDraft) -> tuple[dict[str, Any], str | None, int, str | None]:
     """Headers and body, validated before anything is queued."""
     try:
         raw_worker = request.headers.get("X-LibreChat-Code-Worker-ID")
@@ -79,39 +90,108 @@ def _parse(request: HttpRequest, caller: Caller, draft: CompletionDraft) -> tupl
     return body, worker_id, queue_wait_ms, request_id
 
 
+def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
+    """On a refusal, name what the request carried (request id, worker, workspace, operation)
+    when it is well-formed, so its completion row says what was refused. Only values that
+    match the protocol's own patterns are kept: never content, command text or a path."""
+    headers = request.headers
+    for attr, header, check in (
+        ("request_id", "X-LibreChat-Workspace-Request-Id", validate_request_id),
+        ("worker_id", "X-LibreChat-Code-Worker-ID", validate_worker_id),
+    ):
+        if not getattr(draft, attr) and headers.get(header):
+            with contextlib.suppress(ProtocolError):
+                setattr(draft, attr, check(headers[header]))
+    if draft.operation or request.content_type != "application/json" or _declared_too_large(request):
+        return
+    try:
+        raw = request.body
+        body = json.loads(raw) if len(raw) <= _FILL_BODY_MAX_BYTES else None
+    except (ValueError, UnicodeDecodeError, RequestDataTooBig):
+        return
+    if not isinstance(body, dict):
+        return
+    if body.get("operation") in OPERATIONS:
+        draft.operation = str(body["operation"])
+    workspace, worktree = body.get("workspaceId"), body.get("worktree")
+    if isinstance(workspace, str) and _WORKSPACE_ID_RE.fullmatch(workspace):
+        draft.workspace_id = workspace
+        # Lane names follow the worker-id pattern.
+        with contextlib.suppress(ProtocolError):
+            draft.worktree = validate_worker_id(worktree) if isinstance(worktree, str) else ""
+
+
+def _database_unavailable(draft: CompletionDraft) -> ApiError:
+    # Postgres is away (authentication, worker lookups, the policy row): a typed, retryable
+    # answer instead of Django's HTML 500. The row still reaches the Redis stream and lands
+    # once Postgres is back. Only a call that was never dispatched may say "not started".
+    log.warning("database unavailable on the execute path", exc_info=True)
+    started = "the operation was not started" if draft.exec_ms is None else "the operation may have run"
+    return ApiError(
+        503, "DATABASE_UNAVAILABLE", f"The service's database is unavailable; {started}.",
+        headers={"Retry-After": "5"},
+    )
+
+
 @csrf_exempt
 async def execute(request: HttpRequest) -> HttpResponse:
     draft = CompletionDraft()
     queue = async_queue()
-    response: HttpResponse | None = None
+    call: Call | None = None
     try:
         if request.method != "POST":
             raise ApiError(405, "METHOD_NOT_ALLOWED", "Use POST.")
         if _declared_too_large(request):
             raise ApiError(413, "REQUEST_TOO_LARGE", "The request body is too large.")
-        caller = await authenticate(request)
+        # Validation runs first but speaks only after authentication: an unauthenticated
+        # caller learns nothing about its request.
+        invalid: ApiError | None = None
+        parsed: tuple[dict[str, Any], str | None, int, str | None] | None = None
+        try:
+            parsed = _parse(request, draft)
+        except ApiError as exc:
+            invalid = exc
+        resolved = await sync_to_async(call_resolve, thread_sensitive=False)(
+            token=bearer_token(request.headers.get("Authorization")),
+            worker_id=parsed[1] if parsed else None,
+            request=parsed[0] if parsed else None,
+            key_hash=lambda worker_id: isolation_key_hash(worker_id, parsed[0]) if parsed else "",
+        )
+        if resolved.caller is None:
+            raise unauthenticated()
+        caller = resolved.caller
         draft.tenant_hash, draft.principal_hash = caller.tenant_hash, caller.principal_hash
-        body, worker_id, queue_wait_ms, request_id = _parse(request, caller, draft)
-        if worker_id is None:
-            worker_id = await sync_to_async(default_worker_id, thread_sensitive=False)(caller)
-            if worker_id is None:
-                raise ApiError(
-                    503, "NO_WORKER_SELECTED", "No worker was named and the tenant has no default worker; not started."
-                )
-        draft.worker_id = worker_id
+        if invalid is not None or parsed is None:
+            raise invalid or unauthenticated()
+        body, _, queue_wait_ms, request_id = parsed
+        if resolved.worker_id is None:
+            raise ApiError(
+                503, "NO_WORKER_SELECTED", "No worker was named and the tenant has no default worker; not started."
+            )
+        draft.worker_id = resolved.worker_id
         call = Call(
-            caller=caller, request=body, worker_id=worker_id, queue_wait_header_ms=queue_wait_ms,
-            request_id=request_id, draft=draft,
+            caller=caller, request=body, worker_id=resolved.worker_id, queue_wait_header_ms=queue_wait_ms,
+            request_id=request_id, draft=draft, target=resolved.target,
         )
         result = await call_execute(call, queue=queue, limiter=RateLimiter(queue.client, prefix=queue.prefix))
-        response = JsonResponse(result)
+        response: HttpResponse = JsonResponse(result)
         for name, value in call.response_headers.items():
             response[name] = value
         draft.finish(200)
         return response
     except ApiError as exc:
+        _fill_known(request, draft)
         draft.finish(exc.status, exc.code)
-        return exc.response()
+        answer = exc.response()
+        # A call that passed the rate limit carries its budget headers whatever its answer.
+        for name, value in (call.response_headers if call is not None else {}).items():
+            answer.setdefault(name, value)
+        return answer
+    except (DatabaseError, InterfaceError):
+        _fill_known(request, draft)
+        error = _database_unavailable(draft)
+        draft.finish(error.status, error.code)
+        return error.response()
     except asyncio.CancelledError:
         draft.outcome = "disconnected"
         draft.finish(499, "CLIENT_DISCONNECTED")

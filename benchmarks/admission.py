@@ -19,32 +19,48 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
+import itertools
+
+import harness
 
 EXECUTE = "/v1/workspace-tools/execute"
 
 
 def queue_handoff(n: int) -> dict[str, Any]:
     """Release of one call -> the next same-key waiter holding its grant (the admission path alone)."""
+    import redis
     import redis.asyncio as aioredis
     from django.conf import settings
 
     from admission.queue import AsyncQueue, SyncQueue, worker_keys
 
-    import redis
-
-    SyncQueue(redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True), settings.REDIS_KEY_PREFIX) \
-        .register_incarnation(worker_id="handoff", incarnation="inc", slots=1, ttl_ms=600_000)
+    SyncQueue(
+        redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True),
+        settings.REDIS_KEY_PREFIX,
+    ).register_incarnation(worker_id="handoff", incarnation="inc", slots=1, ttl_ms=600_000)
 
     async def main() -> list[float]:
-        waiters = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True, max_connections=n + 10)
+        waiters = aioredis.Redis.from_url(
+            settings.ADMISSION_REDIS_URL, decode_responses=True, max_connections=n + 10
+        )
         releaser = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
-        q, r = AsyncQueue(waiters, settings.REDIS_KEY_PREFIX), AsyncQueue(releaser, settings.REDIS_KEY_PREFIX)
+        q, r = (
+            AsyncQueue(waiters, settings.REDIS_KEY_PREFIX),
+            AsyncQueue(releaser, settings.REDIS_KEY_PREFIX),
+        )
         keys = worker_keys(settings.REDIS_KEY_PREFIX, "handoff")
         tickets = {}
         for i in range(n):
-            entered = await q.enter(worker_id="handoff", entry_id=f"e{i}", key=("ws", ""), queue_budget_ms=600_000,
-                                    exec_budget_ms=600_000, queue_limit=n + 1, slot_ceiling=8, operation="read_file")
+            entered = await q.enter(
+                worker_id="handoff",
+                entry_id=f"e{i}",
+                key=("ws", ""),
+                queue_budget_ms=600_000,
+                exec_budget_ms=600_000,
+                queue_limit=n + 1,
+                slot_ceiling=8,
+                operation="read_file",
+            )
             tickets[i] = entered.ticket
         got: dict[int, float] = {}
 
@@ -75,14 +91,23 @@ def e2e_handoff(api_url: str, headers: dict[str, str], calls: int) -> dict[str, 
     import httpx
 
     text = "echo $(date +%s%N); echo $(date +%s%N)"
-    body = {"protocolVersion": 1, "operation": "execute_command", "workspaceId": "w0", "command": text}
+    body = {
+        "protocolVersion": 1,
+        "operation": "execute_command",
+        "workspaceId": "w0",
+        "command": text,
+    }
     spans: list[tuple[int, int]] = []
     lock = threading.Lock()
 
     def client_loop(k: int) -> None:
         with httpx.Client(base_url=api_url, timeout=120) as http:
             for _ in range(k):
-                r = http.post(EXECUTE, json=body, headers=headers | {"X-LibreChat-Workspace-Queue-Wait-Ms": "120000"})
+                r = http.post(
+                    EXECUTE,
+                    json=body,
+                    headers=headers | {"X-LibreChat-Workspace-Queue-Wait-Ms": "120000"},
+                )
                 r.raise_for_status()
                 start, end = (int(x) for x in r.json()["stdout"].split())
                 with lock:
@@ -92,7 +117,7 @@ def e2e_handoff(api_url: str, headers: dict[str, str], calls: int) -> dict[str, 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(client_loop, [calls // threads] * threads))
     spans.sort()
-    gaps = [(b[0] - a[1]) / 1e6 for a, b in zip(spans, spans[1:], strict=False)]
+    gaps = [(b[0] - a[1]) / 1e6 for a, b in itertools.pairwise(spans)]
     return harness.summary(gaps)
 
 
@@ -119,8 +144,12 @@ def count_redis_commands(api_url: str, headers: dict[str, str], calls: int) -> d
                 if event.get("client_type") == "lua" or prefix not in command:
                     continue
                 kind = "other"
-                for label, marker in (("admission", "adm:"), ("rate_limit", "rl:"), ("completion", "log:"),
-                                      ("celery", "celery:")):
+                for label, marker in (
+                    ("admission", "adm:"),
+                    ("rate_limit", "rl:"),
+                    ("completion", "log:"),
+                    ("celery", "celery:"),
+                ):
                     if prefix + marker in command:
                         kind = label
                         break
@@ -132,16 +161,29 @@ def count_redis_commands(api_url: str, headers: dict[str, str], calls: int) -> d
     ready.wait(5)
     time.sleep(0.3)
     counts.clear()
-    body = {"protocolVersion": 1, "operation": "read_file", "workspaceId": "w1", "path": "README.md"}
+    body = {
+        "protocolVersion": 1,
+        "operation": "read_file",
+        "workspaceId": "w1",
+        "path": "README.md",
+    }
     with httpx.Client(base_url=api_url, timeout=30) as http:
         for _ in range(calls):
             http.post(EXECUTE, json=body, headers=headers).raise_for_status()
     time.sleep(0.5)
     stop.set()
     redis.Redis.from_url(settings.REDIS_URL).ping()  # wakes the monitor so it sees `stop`
-    per_call = {k: round(v / calls, 2) for k, v in sorted(counts.items()) if not k.startswith(("completion:XREADGROUP", "completion:XAUTOCLAIM"))}
+    per_call = {
+        k: round(v / calls, 2)
+        for k, v in sorted(counts.items())
+        if not k.startswith(("completion:XREADGROUP", "completion:XAUTOCLAIM"))
+    }
     admission = sum(v for k, v in per_call.items() if k.startswith("admission:"))
-    return {"calls": calls, "per_call": per_call, "admission_commands_per_call": round(admission, 2)}
+    return {
+        "calls": calls,
+        "per_call": per_call,
+        "admission_commands_per_call": round(admission, 2),
+    }
 
 
 def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[str, Any]:
@@ -155,15 +197,23 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
     from admission.queue import AsyncQueue, SyncQueue
     from workspaces.models import Worker, WorkerWorkspace
 
-    sync = SyncQueue(redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True), settings.REDIS_KEY_PREFIX)
+    sync = SyncQueue(
+        redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True),
+        settings.REDIS_KEY_PREFIX,
+    )
     key = harness.account("rss-0", tenant="rss")["api_key"]
     ids = [f"rss-{i}" for i in range(workers)]
     for worker_id in ids[1:]:
         harness.account(worker_id, tenant="rss")
     for worker_id in ids:
-        Worker.objects.filter(worker_id=worker_id).update(incarnation_id="inc", slots=1, last_heartbeat_at=timezone.now())
-        WorkerWorkspace.objects.get_or_create(worker=Worker.objects.get(worker_id=worker_id), workspace_id="ws",
-                                              defaults={"operations": ["read_file"]})
+        Worker.objects.filter(worker_id=worker_id).update(
+            incarnation_id="inc", slots=1, last_heartbeat_at=timezone.now()
+        )
+        WorkerWorkspace.objects.get_or_create(
+            worker=Worker.objects.get(worker_id=worker_id),
+            workspace_id="ws",
+            defaults={"operations": ["read_file"]},
+        )
         sync.register_incarnation(worker_id=worker_id, incarnation="inc", slots=1, ttl_ms=600_000)
 
     async def occupy() -> None:
@@ -172,8 +222,16 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
         client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
         q = AsyncQueue(client, settings.REDIS_KEY_PREFIX)
         for worker_id in ids:  # one running call per worker keeps its key busy
-            await q.enter(worker_id=worker_id, entry_id="holder", key=("ws", ""), queue_budget_ms=600_000,
-                          exec_budget_ms=600_000, queue_limit=64, slot_ceiling=8, operation="read_file")
+            await q.enter(
+                worker_id=worker_id,
+                entry_id="holder",
+                key=("ws", ""),
+                queue_budget_ms=600_000,
+                exec_budget_ms=600_000,
+                queue_limit=64,
+                slot_ceiling=8,
+                operation="read_file",
+            )
         await client.aclose()
 
     asyncio.run(occupy())
@@ -190,11 +248,19 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
             # Warm the process up (imports, pools) before the baseline.
             await http.get("/healthz")
             baseline = rss_mb()
-            body = {"protocolVersion": 1, "operation": "read_file", "workspaceId": "ws", "path": "x"}
+            body = {
+                "protocolVersion": 1,
+                "operation": "read_file",
+                "workspaceId": "ws",
+                "path": "x",
+            }
             tasks = []
             for i in range(waiters):
-                headers = {"Authorization": f"Bearer {key}", "X-LibreChat-Code-Worker-ID": ids[i % workers],
-                           "X-LibreChat-Workspace-Queue-Wait-Ms": "300000"}
+                headers = {
+                    "Authorization": f"Bearer {key}",
+                    "X-LibreChat-Code-Worker-ID": ids[i % workers],
+                    "X-LibreChat-Workspace-Queue-Wait-Ms": "300000",
+                }
                 tasks.append(asyncio.create_task(http.post(EXECUTE, json=body, headers=headers)))
             deadline = time.monotonic() + 60
             waiting = 0
@@ -206,7 +272,9 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
             await asyncio.sleep(1.0)
             holding = rss_mb()
             fifo = all(
-                [e["seq"] for e in sync.snapshot(w)[1]] == sorted(e["seq"] for e in sync.snapshot(w)[1]) for w in ids
+                [e["seq"] for e in sync.snapshot(w)[1]]
+                == sorted(e["seq"] for e in sync.snapshot(w)[1])
+                for w in ids
             )
             for task in tasks:
                 task.cancel()
@@ -217,10 +285,15 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
                 left = sum(sum(e["st"] == "w" for e in sync.snapshot(w)[1]) for w in ids)
                 await asyncio.sleep(0.05)
             return {
-                "waiters": waiters, "workers": workers, "waiting_seen": waiting, "fifo_by_ticket": fifo,
-                "rss_baseline_mb": round(baseline, 1), "rss_holding_mb": round(holding, 1),
+                "waiters": waiters,
+                "workers": workers,
+                "waiting_seen": waiting,
+                "fifo_by_ticket": fifo,
+                "rss_baseline_mb": round(baseline, 1),
+                "rss_holding_mb": round(holding, 1),
                 "rss_per_waiter_kb": round((holding - baseline) * 1024 / waiters, 1),
-                "waiters_left_after_disconnect": left, "disconnect_cleanup_s": round(time.monotonic() - cancelled, 2),
+                "waiters_left_after_disconnect": left,
+                "disconnect_cleanup_s": round(time.monotonic() - cancelled, 2),
             }
 
     try:
@@ -229,7 +302,9 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
         api.process.stop()
 
 
-def throughput(api_urls: list[str], headers: dict[str, str], calls: int, concurrency: int) -> dict[str, Any]:
+def throughput(
+    api_urls: list[str], headers: dict[str, str], calls: int, concurrency: int
+) -> dict[str, Any]:
     import httpx
 
     latencies: list[float] = []
@@ -237,7 +312,12 @@ def throughput(api_urls: list[str], headers: dict[str, str], calls: int, concurr
 
     def loop(k: int, idx: int) -> None:
         url = api_urls[idx % len(api_urls)]
-        body = {"protocolVersion": 1, "operation": "read_file", "workspaceId": f"w{idx % 8}", "path": "README.md"}
+        body = {
+            "protocolVersion": 1,
+            "operation": "read_file",
+            "workspaceId": f"w{idx % 8}",
+            "path": "README.md",
+        }
         with httpx.Client(base_url=url, timeout=60) as http:
             for _ in range(k):
                 t = time.perf_counter()
@@ -249,8 +329,14 @@ def throughput(api_urls: list[str], headers: dict[str, str], calls: int, concurr
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(loop, [calls // concurrency] * concurrency, range(concurrency)))
     elapsed = time.perf_counter() - started
-    return {"calls": len(latencies), "concurrency": concurrency, "slots": 8, "api_processes": len(api_urls),
-            "calls_per_s": round(len(latencies) / elapsed, 1), **harness.summary(latencies)}
+    return {
+        "calls": len(latencies),
+        "concurrency": concurrency,
+        "slots": 8,
+        "api_processes": len(api_urls),
+        "calls_per_s": round(len(latencies) / elapsed, 1),
+        **harness.summary(latencies),
+    }
 
 
 def main() -> None:
@@ -266,9 +352,16 @@ def main() -> None:
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"sluice-bench-{os.getpid()}"
     acct = harness.account("bench-worker")
     apis = [start_api(env), start_api(env)]
-    workspaces = {f"w{i}": git_workspace(tmp / f"w{i}", files={"README.md": "hello\n" * 20}) for i in range(8)}
-    worker = Worker(acct["worker_id"], acct["worker_token"], workspaces, apis[0].url, env, slots=8).start()
-    headers = {"Authorization": f"Bearer {acct['api_key']}", "X-LibreChat-Code-Worker-ID": acct["worker_id"]}
+    workspaces = {
+        f"w{i}": git_workspace(tmp / f"w{i}", files={"README.md": "hello\n" * 20}) for i in range(8)
+    }
+    worker = Worker(
+        acct["worker_id"], acct["worker_token"], workspaces, apis[0].url, env, slots=8
+    ).start()
+    headers = {
+        "Authorization": f"Bearer {acct['api_key']}",
+        "X-LibreChat-Code-Worker-ID": acct["worker_id"],
+    }
     try:
         results["e2e_handoff"] = e2e_handoff(apis[0].url, headers, int(320 * scale))
         results["redis_commands"] = count_redis_commands(apis[0].url, headers, int(200 * scale))

@@ -27,7 +27,9 @@ def prepare(name: str = "sluice_bench", **env: str) -> dict[str, str]:
     import psycopg
 
     admin_url = _database_url("postgres")
-    with psycopg.connect(admin_url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
+    with psycopg.connect(
+        admin_url.replace("postgres://", "postgresql://"), autocommit=True
+    ) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     os.environ.update(env)

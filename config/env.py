@@ -56,7 +56,8 @@ def database_from_url(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": host,
         "PORT": str(parts.port or ""),
-        "OPTIONS": options,
+        # Server-side binding lets psycopg prepare the hot queries after a few uses.
+        "OPTIONS": {"server_side_binding": True, **options},
         # Persistent connections: the async endpoint's thread pool reuses them.
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,

@@ -19,7 +19,9 @@ def _database() -> str:
 
 def _redis() -> str:
     try:
-        client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
+        client = redis.Redis.from_url(
+            settings.ADMISSION_REDIS_URL, socket_connect_timeout=1, socket_timeout=1
+        )
         try:
             client.ping()
         finally:

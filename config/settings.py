@@ -17,8 +17,12 @@ if not SECRET_KEY:
         SECRET_KEY = "sluice-insecure-local-key-set-SECRET_KEY-in-production"
     else:
         SECRET_KEY = "sluice-insecure-debug-key"
-ALLOWED_HOSTS = [h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h.strip()]
-CSRF_TRUSTED_ORIGINS = [o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+ALLOWED_HOSTS = [
+    h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h.strip()
+]
+CSRF_TRUSTED_ORIGINS = [
+    o.strip() for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()
+]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -34,6 +38,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: the async workspace endpoint skips the classic middleware below (see the module).
+    "config.middleware.WorkspaceApiFastPath",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -79,7 +85,10 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "global_keyprefix": REDIS_KEY_PREFIX + "celery:"}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 3600,
+    "global_keyprefix": REDIS_KEY_PREFIX + "celery:",
+}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -91,7 +100,9 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 # Admission and rate-limit policy: the admin-editable policy row starts from these.
 SLUICE_POLICY_DEFAULTS = {
     "JOB_TIMEOUT": env_int("JOB_TIMEOUT", 300_000, low=1_000, high=3_600_000),
-    "WORKSPACE_QUEUE_CEILING_MS": env_int("WORKSPACE_QUEUE_CEILING_MS", 300_000, low=1, high=300_000),
+    "WORKSPACE_QUEUE_CEILING_MS": env_int(
+        "WORKSPACE_QUEUE_CEILING_MS", 300_000, low=1, high=300_000
+    ),
     "WORKER_QUEUE_LIMIT": env_int("WORKER_QUEUE_LIMIT", 32, low=1, high=1024),
     "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS": env_int(
         "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS", 8, low=1, high=64
@@ -101,7 +112,8 @@ SLUICE_POLICY_DEFAULTS = {
 # How long an API process trusts its cached copy of the policy row.
 POLICY_CACHE_S = 1.0
 ISOLATION_KEY_SECRET = env_str(
-    "ISOLATION_KEY_SECRET", hashlib.sha256(b"sluice-isolation-key:" + SECRET_KEY.encode()).hexdigest()
+    "ISOLATION_KEY_SECRET",
+    hashlib.sha256(b"sluice-isolation-key:" + SECRET_KEY.encode()).hexdigest(),
 )
 # Completion rows older than this are removed by `manage.py prune_completions`.
 COMPLETION_RETENTION_DAYS = env_int("COMPLETION_RETENTION_DAYS", 30, low=1, high=3650)
@@ -155,7 +167,11 @@ LOGGING = {
         "json": {"()": "config.logging.JsonFormatter"},
     },
     "handlers": {
-        "stdout": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout", "formatter": "json"},
+        "stdout": {
+            "class": "logging.StreamHandler",
+            "stream": "ext://sys.stdout",
+            "formatter": "json",
+        },
     },
     "root": {"handlers": ["stdout"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from admission import views as admission_views
 from config.health import healthz
+from dashboard.metrics import metrics_view
 from workspaces import views as worker_views
 
 urlpatterns = [
@@ -16,7 +17,15 @@ urlpatterns = [
         name="request-cancel",
     ),
     path("v1/workers/register", worker_views.WorkerRegisterApi.as_view(), name="worker-register"),
-    path("v1/workers/heartbeat", worker_views.WorkerHeartbeatApi.as_view(), name="worker-heartbeat"),
-    path("v1/workers/deregister", worker_views.WorkerDeregisterApi.as_view(), name="worker-deregister"),
+    path(
+        "v1/workers/heartbeat", worker_views.WorkerHeartbeatApi.as_view(), name="worker-heartbeat"
+    ),
+    path(
+        "v1/workers/deregister",
+        worker_views.WorkerDeregisterApi.as_view(),
+        name="worker-deregister",
+    ),
+    path("metrics", metrics_view, name="metrics"),
+    path("dashboard/", include("dashboard.urls")),
     path("admin/", admin.site.urls),
 ]

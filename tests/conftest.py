@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,8 +22,12 @@ def _check_services() -> None:
     db = settings.DATABASES["default"]
     try:
         psycopg.connect(
-            host=db["HOST"], port=db["PORT"] or None, user=db["USER"], password=db["PASSWORD"],
-            dbname=db["NAME"], connect_timeout=3,
+            host=db["HOST"],
+            port=db["PORT"] or None,
+            user=db["USER"],
+            password=db["PASSWORD"],
+            dbname=db["NAME"],
+            connect_timeout=3,
         ).close()
     except psycopg.Error as exc:
         pytest.exit(f"Postgres is not answering at {settings.DATABASE_URL}: {exc}", returncode=3)
@@ -34,7 +39,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # so runs never see each other's keys, and neither does a local `make run`.
     settings.REDIS_KEY_PREFIX = f"test-{uuid.uuid4().hex[:8]}:"
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
-        **settings.CELERY_BROKER_TRANSPORT_OPTIONS, "global_keyprefix": settings.REDIS_KEY_PREFIX + "celery:"
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        "global_keyprefix": settings.REDIS_KEY_PREFIX + "celery:",
     }
 
 
@@ -45,6 +51,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             client.delete(key)
     except redis.RedisError:
         pass
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings() -> None:
+    # A database of this run's own: concurrent runs on one machine never share (or drop) it.
+    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_sluice_{os.getpid()}"
 
 
 @pytest.fixture
@@ -80,12 +92,14 @@ def live_env(django_db_setup: None, django_db_blocker: Any) -> dict[str, str]:
     url = f"postgres://{auth}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
     if host.startswith("/"):
         url = f"postgres://{auth}@/{db['NAME']}?host={host}"
-    return base_env({
-        "DATABASE_URL": url,
-        "SLUICE_REDIS_PREFIX": settings.REDIS_KEY_PREFIX,
-        "REDIS_URL": settings.REDIS_URL,
-        "ADMISSION_REDIS_URL": settings.ADMISSION_REDIS_URL,
-    })
+    return base_env(
+        {
+            "DATABASE_URL": url,
+            "SLUICE_REDIS_PREFIX": settings.REDIS_KEY_PREFIX,
+            "REDIS_URL": settings.REDIS_URL,
+            "ADMISSION_REDIS_URL": settings.ADMISSION_REDIS_URL,
+        }
+    )
 
 
 @pytest.fixture(scope="session")
@@ -119,7 +133,9 @@ def account_factory(transactional_db: None) -> Any:
     from workspaces.management.commands.bootstrap import bootstrap
 
     def make(tenant: str | None = None, user: str = "owner", worker: str | None = None) -> Account:
-        result = bootstrap(tenant=tenant or unique("tenant"), user=user, worker_id=worker or unique("w"))
+        result = bootstrap(
+            tenant=tenant or unique("tenant"), user=user, worker_id=worker or unique("w")
+        )
         return Account(**result)
 
     return make
@@ -129,11 +145,22 @@ def account_factory(transactional_db: None) -> Any:
 def worker_factory(api: ApiServer, live_env: dict[str, str]) -> Iterator[Any]:
     started: list[Worker] = []
 
-    def make(account: Account, workspaces: dict[str, Any], *, slots: int | None = None,
-             lanes: bool = False, start: bool = True) -> Worker:
+    def make(
+        account: Account,
+        workspaces: dict[str, Any],
+        *,
+        slots: int | None = None,
+        lanes: bool = False,
+        start: bool = True,
+    ) -> Worker:
         worker = Worker(
-            worker_id=account.worker_id, token=account.worker_token, workspaces=workspaces,
-            api_url=api.url, env=live_env, slots=slots, lanes=lanes,
+            worker_id=account.worker_id,
+            token=account.worker_token,
+            workspaces=workspaces,
+            api_url=api.url,
+            env=live_env,
+            slots=slots,
+            lanes=lanes,
         )
         started.append(worker)
         return worker.start() if start else worker

@@ -6,6 +6,7 @@ worker is `manage.py runworker` consuming its Celery queue from the real Redis.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -43,7 +44,13 @@ class Process:
         self.lines: list[str] = []
         self._new: queue.Queue[str] = queue.Queue()
         self.proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            args,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
             start_new_session=True,
         )
         threading.Thread(target=self._pump, daemon=True).start()
@@ -68,7 +75,9 @@ class Process:
                 continue
             if text in line:
                 return line
-        raise AssertionError(f"{self.name} never printed {text!r}; output:\n" + "\n".join(self.lines[-40:]))
+        raise AssertionError(
+            f"{self.name} never printed {text!r}; output:\n" + "\n".join(self.lines[-40:])
+        )
 
     def output(self) -> str:
         return "\n".join(self.lines)
@@ -82,10 +91,8 @@ class Process:
 
     def kill_group(self) -> None:
         """SIGKILL the process and everything it started (commands run in their own groups too)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(timeout=10)
 
     def stop(self, timeout_s: float = 20.0) -> int:
@@ -116,9 +123,23 @@ class ApiServer:
 def start_api(env: dict[str, str]) -> ApiServer:
     port = free_port()
     proc = Process(
-        [PYTHON, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning", "--no-access-log", "--timeout-graceful-shutdown", "2"],
-        env, f"api:{port}",
+        [
+            PYTHON,
+            "-m",
+            "uvicorn",
+            "config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+            "--timeout-graceful-shutdown",
+            "2",
+        ],
+        env,
+        f"api:{port}",
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -146,8 +167,17 @@ class Worker:
     incarnations: list[str] = field(default_factory=list)
 
     def args(self) -> list[str]:
-        args = [PYTHON, "manage.py", "runworker", "--worker-id", self.worker_id, "--token", self.token,
-                "--api", self.api_url]
+        args = [
+            PYTHON,
+            "manage.py",
+            "runworker",
+            "--worker-id",
+            self.worker_id,
+            "--token",
+            self.token,
+            "--api",
+            self.api_url,
+        ]
         for ws_id, path in self.workspaces.items():
             args += ["--workspace", f"{ws_id}={path}"]
         if self.slots is not None:
@@ -180,11 +210,16 @@ class Worker:
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-        cwd=cwd, check=True, capture_output=True, text=True,
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
 
 
-def git_workspace(path: Path, *, files: dict[str, str] | None = None, lanes: tuple[str, ...] = ()) -> Path:
+def git_workspace(
+    path: Path, *, files: dict[str, str] | None = None, lanes: tuple[str, ...] = ()
+) -> Path:
     """A real git checkout with committed files and, optionally, linked worktrees under .worktrees/."""
     path.mkdir(parents=True, exist_ok=True)
     git(path, "init", "-q", "-b", "main")

@@ -57,7 +57,9 @@ class WorkerTokenAuthentication(BaseAuthentication):
         token = bearer_token(get_authorization_header(request))
         worker = Worker.objects.filter(token_hash=hash_secret(token)).first() if token else None
         if worker is None:
-            raise AuthenticationFailed("A valid worker token is required (Authorization: Bearer <token>).")
+            raise AuthenticationFailed(
+                "A valid worker token is required (Authorization: Bearer <token>)."
+            )
         return WorkerUser(worker), token or ""
 
     def authenticate_header(self, request: Request) -> str:

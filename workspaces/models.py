@@ -42,7 +42,9 @@ class Principal(models.Model):
 
     class Meta:
         ordering = ["tenant__name", "name"]
-        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="principal_unique_in_tenant")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="principal_unique_in_tenant")
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant.name}/{self.name}"
@@ -50,7 +52,9 @@ class Principal(models.Model):
 
 class ApiKey(models.Model):
     principal = models.ForeignKey(Principal, on_delete=models.CASCADE, related_name="api_keys")
-    prefix = models.CharField(max_length=24, help_text="The visible start of the key, to tell keys apart.")
+    prefix = models.CharField(
+        max_length=24, help_text="The visible start of the key, to tell keys apart."
+    )
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     label = models.CharField(max_length=128, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -74,11 +78,17 @@ class Worker(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="workers")
     token_hash = models.CharField(max_length=64, editable=False)
     incarnation_id = models.CharField(
-        max_length=32, blank=True, editable=False, help_text="Empty when the worker is not registered."
+        max_length=32,
+        blank=True,
+        editable=False,
+        help_text="Empty when the worker is not registered.",
     )
     requested_slots = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
     slots = models.PositiveSmallIntegerField(
-        null=True, blank=True, editable=False, help_text="Negotiated: min(the worker's --slots, the policy ceiling)."
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Negotiated: min(the worker's --slots, the policy ceiling).",
     )
     registered_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -109,7 +119,9 @@ class WorkerWorkspace(models.Model):
     class Meta:
         ordering = ["worker__worker_id", "workspace_id"]
         constraints = [
-            models.UniqueConstraint(fields=["worker", "workspace_id"], name="workspace_unique_on_worker")
+            models.UniqueConstraint(
+                fields=["worker", "workspace_id"], name="workspace_unique_on_worker"
+            )
         ]
 
     def __str__(self) -> str:

@@ -33,5 +33,7 @@ def secret_matches(raw: str, stored_hash: str) -> bool:
 
 def keyed_hash(kind: str, value: str) -> str:
     """A stable, non-reversible name for `value` (HMAC-SHA256 with ISOLATION_KEY_SECRET)."""
-    mac = hmac.new(settings.ISOLATION_KEY_SECRET.encode(), f"{kind}\x1f{value}".encode(), hashlib.sha256)
+    mac = hmac.new(
+        settings.ISOLATION_KEY_SECRET.encode(), f"{kind}\x1f{value}".encode(), hashlib.sha256
+    )
     return mac.hexdigest()[:32]

@@ -26,7 +26,9 @@ def _ttl_ms() -> int:
     return settings.WORKER_OFFLINE_AFTER_S * 1000
 
 
-def worker_register(*, worker: Worker, workspaces: list[OfferedWorkspace], slots: int) -> dict[str, object]:
+def worker_register(
+    *, worker: Worker, workspaces: list[OfferedWorkspace], slots: int
+) -> dict[str, object]:
     """A new incarnation: calls waiting for the old one are told WORKER_OFFLINE, none moves over."""
     incarnation = uuid.uuid4().hex
     negotiated = min(slots, current_policy().max_lease_slots)
@@ -54,14 +56,22 @@ def worker_register(*, worker: Worker, workspaces: list[OfferedWorkspace], slots
     sync_queue().register_incarnation(
         worker_id=worker.worker_id, incarnation=incarnation, slots=slots, ttl_ms=_ttl_ms()
     )
-    return {"incarnationId": incarnation, "slots": negotiated, "queue": worker_queue_name(worker.worker_id)}
+    return {
+        "incarnationId": incarnation,
+        "slots": negotiated,
+        "queue": worker_queue_name(worker.worker_id),
+    }
 
 
 def worker_heartbeat(*, worker: Worker, incarnation: str) -> bool:
     """False when this incarnation was replaced or expired: the worker must stop or re-register."""
-    if not sync_queue().heartbeat(worker_id=worker.worker_id, incarnation=incarnation, ttl_ms=_ttl_ms()):
+    if not sync_queue().heartbeat(
+        worker_id=worker.worker_id, incarnation=incarnation, ttl_ms=_ttl_ms()
+    ):
         return False
-    Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(last_heartbeat_at=timezone.now())
+    Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(
+        last_heartbeat_at=timezone.now()
+    )
     return True
 
 

@@ -14,7 +14,12 @@ from sluice_client.protocol import OPERATIONS
 from admission.errors import ApiError
 from workspaces.auth import WorkerTokenAuthentication
 from workspaces.runtime.config import MAX_SLOTS, WORKSPACE_ID
-from workspaces.services import OfferedWorkspace, worker_deregister, worker_heartbeat, worker_register
+from workspaces.services import (
+    OfferedWorkspace,
+    worker_deregister,
+    worker_heartbeat,
+    worker_register,
+)
 
 
 class StrictSerializer(serializers.Serializer):
@@ -30,13 +35,17 @@ class StrictSerializer(serializers.Serializer):
 
 class OfferedWorkspaceSerializer(StrictSerializer):
     workspaceId = serializers.RegexField(WORKSPACE_ID.pattern + r"\Z")
-    operations = serializers.ListField(child=serializers.ChoiceField(sorted(OPERATIONS)), min_length=1, max_length=len(OPERATIONS))
+    operations = serializers.ListField(
+        child=serializers.ChoiceField(sorted(OPERATIONS)), min_length=1, max_length=len(OPERATIONS)
+    )
     linkedWorktreeLanes = serializers.BooleanField(default=False)
 
 
 class RegisterSerializer(StrictSerializer):
     workerId = serializers.CharField(max_length=128)
-    workspaces = OfferedWorkspaceSerializer(many=True, min_length=1, max_length=256)
+    workspaces = serializers.ListField(
+        child=OfferedWorkspaceSerializer(), min_length=1, max_length=256
+    )
     slots = serializers.IntegerField(min_value=1, max_value=MAX_SLOTS)
 
     def validate_workspaces(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -69,10 +78,14 @@ class WorkerRegisterApi(_WorkerApi):
         data.is_valid(raise_exception=True)
         worker = _own_worker(request, data.validated_data["workerId"])
         offered = [
-            OfferedWorkspace(w["workspaceId"], sorted(set(w["operations"])), w["linkedWorktreeLanes"])
+            OfferedWorkspace(
+                w["workspaceId"], sorted(set(w["operations"])), w["linkedWorktreeLanes"]
+            )
             for w in data.validated_data["workspaces"]
         ]
-        return Response(worker_register(worker=worker, workspaces=offered, slots=data.validated_data["slots"]))
+        return Response(
+            worker_register(worker=worker, workspaces=offered, slots=data.validated_data["slots"])
+        )
 
 
 class WorkerHeartbeatApi(_WorkerApi):
@@ -81,7 +94,11 @@ class WorkerHeartbeatApi(_WorkerApi):
         data.is_valid(raise_exception=True)
         worker = _own_worker(request, data.validated_data["workerId"])
         if not worker_heartbeat(worker=worker, incarnation=data.validated_data["incarnationId"]):
-            raise ApiError(409, "WORKER_SUPERSEDED", "This incarnation was replaced or has expired; register again.")
+            raise ApiError(
+                409,
+                "WORKER_SUPERSEDED",
+                "This incarnation was replaced or has expired; register again.",
+            )
         return Response({"ok": True})
 
 

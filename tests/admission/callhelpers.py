@@ -14,18 +14,32 @@ EXECUTE = "/v1/workspace-tools/execute"
 
 
 def command(workspace: str, text: str, *, timeout_ms: int = 30_000, **extra: Any) -> dict[str, Any]:
-    return {"protocolVersion": 1, "operation": "execute_command", "workspaceId": workspace, "command": text,
-            "timeoutMs": timeout_ms, **extra}
+    return {
+        "protocolVersion": 1,
+        "operation": "execute_command",
+        "workspaceId": workspace,
+        "command": text,
+        "timeoutMs": timeout_ms,
+        **extra,
+    }
 
 
 def read(workspace: str, path: str = "README.md", **extra: Any) -> dict[str, Any]:
-    return {"protocolVersion": 1, "operation": "read_file", "workspaceId": workspace, "path": path, **extra}
+    return {
+        "protocolVersion": 1,
+        "operation": "read_file",
+        "workspaceId": workspace,
+        "path": path,
+        **extra,
+    }
 
 
 def stamped(log: Path, name: str, seconds: float) -> str:
     """A command that records when it really started and ended (ns), by its own clock."""
-    return (f"echo \"{name} start $(date +%s%N)\" >> {log}; sleep {seconds}; "
-            f"echo \"{name} end $(date +%s%N)\" >> {log}")
+    return (
+        f'echo "{name} start $(date +%s%N)" >> {log}; sleep {seconds}; '
+        f'echo "{name} end $(date +%s%N)" >> {log}'
+    )
 
 
 def intervals(log: Path) -> dict[str, tuple[int, int]]:
@@ -52,17 +66,27 @@ class Caller:
     def _client(self) -> httpx.Client:
         client = getattr(self.local, "client", None)
         if client is None:
-            client = self.local.client = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(400.0, connect=5.0))
+            client = self.local.client = httpx.Client(
+                base_url=self.base_url, timeout=httpx.Timeout(400.0, connect=5.0)
+            )
         return client
 
-    def send(self, body: dict[str, Any], *, wait_ms: int | None = None, headers: dict[str, str] | None = None,
-             base_url: str | None = None) -> httpx.Response:
+    def send(
+        self,
+        body: dict[str, Any],
+        *,
+        wait_ms: int | None = None,
+        headers: dict[str, str] | None = None,
+        base_url: str | None = None,
+    ) -> httpx.Response:
         h = dict(self.headers)
         if wait_ms is not None:
             h["X-LibreChat-Workspace-Queue-Wait-Ms"] = str(wait_ms)
         h.update(headers or {})
         if base_url is not None:
-            with httpx.Client(base_url=base_url, timeout=httpx.Timeout(400.0, connect=5.0)) as other:
+            with httpx.Client(
+                base_url=base_url, timeout=httpx.Timeout(400.0, connect=5.0)
+            ) as other:
                 return other.post(EXECUTE, json=body, headers=h)
         return self._client().post(EXECUTE, json=body, headers=h)
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import time
-from pathlib import Path
 
 from callhelpers import Caller, command, intervals, overlap, read, stamped, wait_until
 from django.conf import settings
@@ -21,7 +21,9 @@ def held(worker_id: str) -> list[dict]:
     return entries
 
 
-def test_33rd_call_gets_worker_queue_full_from_either_api_process(api_servers, api, account_factory, worker_factory, tmp_path):
+def test_33rd_call_gets_worker_queue_full_from_either_api_process(
+    api_servers, api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     other = account_factory()
     repo = git_workspace(tmp_path / "repo")
@@ -41,7 +43,9 @@ def test_33rd_call_gets_worker_queue_full_from_either_api_process(api_servers, a
             assert r.json() == {"error": r.json()["error"], "code": "WORKER_QUEUE_FULL"}
         assert time.monotonic() - started < 2.0  # refused at once, not after waiting
         # Another worker's queue is independent.
-        r = caller.send(read("repo"), headers=other.auth | {"X-LibreChat-Code-Worker-ID": other.worker_id})
+        r = caller.send(
+            read("repo"), headers=other.auth | {"X-LibreChat-Code-Worker-ID": other.worker_id}
+        )
         assert r.status_code == 200, r.text
         statuses = sorted(f.result().json()["code"] for f in waiters)
         assert statuses == ["WORKSPACE_QUEUE_TIMEOUT"] * 31
@@ -51,7 +55,9 @@ def test_33rd_call_gets_worker_queue_full_from_either_api_process(api_servers, a
         caller.close()
 
 
-def test_two_workspaces_of_one_worker_overlap_with_default_slots(api, account_factory, worker_factory, tmp_path):
+def test_two_workspaces_of_one_worker_overlap_with_default_slots(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a"), "b": git_workspace(tmp_path / "b")})
     log = tmp_path / "log"
@@ -65,7 +71,9 @@ def test_two_workspaces_of_one_worker_overlap_with_default_slots(api, account_fa
     assert overlap(spans["a"], spans["b"])
 
 
-def test_calls_on_one_workspace_never_overlap_and_run_in_arrival_order(api, account_factory, worker_factory, tmp_path):
+def test_calls_on_one_workspace_never_overlap_and_run_in_arrival_order(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
     log = tmp_path / "log"
@@ -76,18 +84,22 @@ def test_calls_on_one_workspace_never_overlap_and_run_in_arrival_order(api, acco
         for i, name in enumerate(names):
             futures.append(caller.submit(command("a", stamped(log, name, 0.3))))
             # Arrival order is entry order: wait until this call is in the queue before the next.
-            wait_until(lambda n=i + 1: len(held(owner.worker_id)) + sum(f.done() for f in futures) >= n)
+            wait_until(
+                lambda n=i + 1: len(held(owner.worker_id)) + sum(f.done() for f in futures) >= n
+            )
         assert [f.result().status_code for f in futures] == [200] * len(names)
     finally:
         caller.close()
     spans = intervals(log)
     ordered = sorted(names, key=lambda n: spans[n][0])
     assert ordered == names
-    for first, second in zip(ordered, ordered[1:], strict=False):
+    for first, second in itertools.pairwise(ordered):
         assert spans[first][1] <= spans[second][0]
 
 
-def test_lanes_overlap_and_a_checkout_waits_for_both_and_is_not_overtaken(api, account_factory, worker_factory, tmp_path):
+def test_lanes_overlap_and_a_checkout_waits_for_both_and_is_not_overtaken(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     repo = git_workspace(tmp_path / "repo", lanes=("one", "two"))
     worker_factory(owner, {"repo": repo}, slots=4, lanes=True)
@@ -129,5 +141,3 @@ def test_keys_of_a_held_queue_all_carry_a_ttl(api, account_factory, worker_facto
         assert running.result().status_code == 200 and waiting.result().status_code == 200
     finally:
         caller.close()
-
-

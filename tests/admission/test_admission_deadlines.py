@@ -23,7 +23,9 @@ def _caller(api, account) -> Caller:
     return Caller(api.url, account.auth | {"X-LibreChat-Code-Worker-ID": account.worker_id})
 
 
-def test_queue_timeout_behind_a_long_command_is_503_with_retry_after_and_never_runs(api, account_factory, worker_factory, tmp_path):
+def test_queue_timeout_behind_a_long_command_is_503_with_retry_after_and_never_runs(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     marker = tmp_path / "never"
@@ -46,7 +48,9 @@ def test_queue_timeout_behind_a_long_command_is_503_with_retry_after_and_never_r
     assert not marker.exists()
 
 
-def test_a_call_admitted_late_still_gets_its_whole_exec_budget(api, account_factory, worker_factory, tmp_path):
+def test_a_call_admitted_late_still_gets_its_whole_exec_budget(
+    api, account_factory, worker_factory, tmp_path
+):
     # exec budget = 7000 + 5000 = 12 s from admission. Admitted after ~6 s and running 6.5 s,
     # it would be cut at 12 s from arrival if waiting ate execution time.
     owner = account_factory()
@@ -73,12 +77,15 @@ def _raw_post(url: str, headers: dict[str, str], body: dict) -> socket.socket:
     sock = socket.create_connection((parts.hostname, parts.port))
     sock.sendall(
         f"POST {EXECUTE} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n{head}\r\n".encode() + data
+        f"Content-Length: {len(data)}\r\n{head}\r\n".encode()
+        + data
     )
     return sock
 
 
-def test_a_client_that_disconnects_while_waiting_frees_its_place_within_a_second(api, account_factory, worker_factory, tmp_path):
+def test_a_client_that_disconnects_while_waiting_frees_its_place_within_a_second(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     marker = tmp_path / "never"
@@ -86,8 +93,11 @@ def test_a_client_that_disconnects_while_waiting_frees_its_place_within_a_second
     try:
         long = caller.submit(command("a", "sleep 3; echo ran"))
         wait_until(lambda: len(held(owner.worker_id)) == 1)
-        sock = _raw_post(api.url, owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id},
-                         command("a", f"touch {marker}"))
+        sock = _raw_post(
+            api.url,
+            owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id},
+            command("a", f"touch {marker}"),
+        )
         wait_until(lambda: len(held(owner.worker_id)) == 2)
         sock.close()
         closed = time.monotonic()
@@ -102,7 +112,9 @@ def test_a_client_that_disconnects_while_waiting_frees_its_place_within_a_second
     assert not marker.exists()
 
 
-def test_delete_by_request_id_cancels_a_waiting_call_and_leaves_the_running_one(api, account_factory, worker_factory, tmp_path):
+def test_delete_by_request_id_cancels_a_waiting_call_and_leaves_the_running_one(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     outsider = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
@@ -110,26 +122,50 @@ def test_delete_by_request_id_cancels_a_waiting_call_and_leaves_the_running_one(
     caller = _caller(api, owner)
     running_id, waiting_id = "running-request-0001", "waiting-request-0001"
     try:
-        long = caller.submit(command("a", "sleep 2; echo ran"), headers={"X-LibreChat-Workspace-Request-Id": running_id})
+        long = caller.submit(
+            command("a", "sleep 2; echo ran"),
+            headers={"X-LibreChat-Workspace-Request-Id": running_id},
+        )
         wait_until(lambda: len(held(owner.worker_id)) == 1)
-        waiting = caller.submit(command("a", f"touch {marker}"), headers={"X-LibreChat-Workspace-Request-Id": waiting_id})
+        waiting = caller.submit(
+            command("a", f"touch {marker}"),
+            headers={"X-LibreChat-Workspace-Request-Id": waiting_id},
+        )
         wait_until(lambda: len(held(owner.worker_id)) == 2)
         with api.client() as http:
             # Another tenant cannot see or cancel it.
-            assert http.delete(f"/v1/workspace-tools/requests/{waiting_id}", headers=outsider.auth).status_code == 404
-            assert http.delete(f"/v1/workspace-tools/requests/{running_id}", headers=owner.auth).json() == {"state": "running"}
-            assert http.delete(f"/v1/workspace-tools/requests/{waiting_id}", headers=owner.auth).json() == {"state": "cancelled"}
+            assert (
+                http.delete(
+                    f"/v1/workspace-tools/requests/{waiting_id}", headers=outsider.auth
+                ).status_code
+                == 404
+            )
+            assert http.delete(
+                f"/v1/workspace-tools/requests/{running_id}", headers=owner.auth
+            ).json() == {"state": "running"}
+            assert http.delete(
+                f"/v1/workspace-tools/requests/{waiting_id}", headers=owner.auth
+            ).json() == {"state": "cancelled"}
             cancelled = waiting.result()
             assert cancelled.status_code == 409 and cancelled.json()["code"] == "REQUEST_CANCELLED"
             assert long.result().json()["stdout"] == "ran\n"
-            assert http.delete(f"/v1/workspace-tools/requests/{running_id}", headers=owner.auth).json() == {"state": "finished"}
-            assert http.delete("/v1/workspace-tools/requests/never-seen-request-id", headers=owner.auth).status_code == 404
+            assert http.delete(
+                f"/v1/workspace-tools/requests/{running_id}", headers=owner.auth
+            ).json() == {"state": "finished"}
+            assert (
+                http.delete(
+                    "/v1/workspace-tools/requests/never-seen-request-id", headers=owner.auth
+                ).status_code
+                == 404
+            )
     finally:
         caller.close()
     assert not marker.exists()
 
 
-def test_calls_waiting_for_a_restarted_worker_get_worker_offline_and_never_run(api, account_factory, worker_factory, tmp_path):
+def test_calls_waiting_for_a_restarted_worker_get_worker_offline_and_never_run(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     worker = worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     caller = _caller(api, owner)
@@ -154,7 +190,9 @@ def test_calls_waiting_for_a_restarted_worker_get_worker_offline_and_never_run(a
     assert not any(m.exists() for m in markers)
 
 
-def test_an_api_process_killed_with_waiters_strands_no_capacity_past_their_deadlines(live_env, api, account_factory, worker_factory, tmp_path):
+def test_an_api_process_killed_with_waiters_strands_no_capacity_past_their_deadlines(
+    live_env, api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     doomed = start_api(live_env)
@@ -184,27 +222,47 @@ def test_an_api_process_killed_with_waiters_strands_no_capacity_past_their_deadl
 
 # " 5" is covered by client/tests/test_protocol.py: on the wire, HTTP strips a header's leading
 # whitespace before any server sees it, so the value arrives as "5".
-@pytest.mark.parametrize("value", ["0", "007", "-5", "+5", "5.0", "1e3", "5 x", "", "abc", "300001"])
+@pytest.mark.parametrize(
+    "value", ["0", "007", "-5", "+5", "5.0", "1e3", "5 x", "", "abc", "300001"]
+)
 def test_bad_queue_wait_headers_are_refused_before_anything_is_queued(api, account_factory, value):
     owner = account_factory()
     with api.client() as http:
-        r = http.post(EXECUTE, json=read("a"), headers=owner.auth | {
-            "X-LibreChat-Code-Worker-ID": owner.worker_id, "X-LibreChat-Workspace-Queue-Wait-Ms": value})
+        r = http.post(
+            EXECUTE,
+            json=read("a"),
+            headers=owner.auth
+            | {
+                "X-LibreChat-Code-Worker-ID": owner.worker_id,
+                "X-LibreChat-Workspace-Queue-Wait-Ms": value,
+            },
+        )
     assert r.status_code == 400
     assert r.json()["code"] == "INVALID_WORKSPACE_QUEUE_WAIT"
 
 
 @pytest.mark.parametrize("value", ["1", "300000"])
-def test_queue_wait_headers_at_the_bounds_are_accepted(api, account_factory, worker_factory, tmp_path, value):
+def test_queue_wait_headers_at_the_bounds_are_accepted(
+    api, account_factory, worker_factory, tmp_path, value
+):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     with api.client() as http:
-        r = http.post(EXECUTE, json=read("a"), headers=owner.auth | {
-            "X-LibreChat-Code-Worker-ID": owner.worker_id, "X-LibreChat-Workspace-Queue-Wait-Ms": value})
+        r = http.post(
+            EXECUTE,
+            json=read("a"),
+            headers=owner.auth
+            | {
+                "X-LibreChat-Code-Worker-ID": owner.worker_id,
+                "X-LibreChat-Workspace-Queue-Wait-Ms": value,
+            },
+        )
     assert r.status_code == 200, r.text
 
 
-def test_the_server_ceiling_clamps_a_long_queue_wait(api_servers, api, account_factory, worker_factory, tmp_path):
+def test_the_server_ceiling_clamps_a_long_queue_wait(
+    api_servers, api, account_factory, worker_factory, tmp_path
+):
     from admission.policy import policy_update
 
     owner = account_factory()
@@ -224,7 +282,9 @@ def test_the_server_ceiling_clamps_a_long_queue_wait(api_servers, api, account_f
         caller.close()
 
 
-def test_an_offer_withdrawn_while_waiting_gets_worker_mismatch_and_never_runs(api, account_factory, worker_factory, tmp_path):
+def test_an_offer_withdrawn_while_waiting_gets_worker_mismatch_and_never_runs(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     marker = tmp_path / "never"
@@ -234,7 +294,9 @@ def test_an_offer_withdrawn_while_waiting_gets_worker_mismatch_and_never_runs(ap
         wait_until(lambda: len(held(owner.worker_id)) == 1)
         waiting = caller.submit(command("a", f"touch {marker}"))
         wait_until(lambda: len(held(owner.worker_id)) == 2)
-        WorkerWorkspace.objects.filter(worker__worker_id=owner.worker_id).update(operations=["read_file"])
+        WorkerWorkspace.objects.filter(worker__worker_id=owner.worker_id).update(
+            operations=["read_file"]
+        )
         r = waiting.result()
         assert r.status_code == 409 and r.json()["code"] == "WORKER_MISMATCH", r.text
         assert long.result().status_code == 200
@@ -243,12 +305,19 @@ def test_an_offer_withdrawn_while_waiting_gets_worker_mismatch_and_never_runs(ap
     assert not marker.exists()
 
 
-def test_a_quarantined_key_is_refused_until_released(api, account_factory, worker_factory, tmp_path):
+def test_a_quarantined_key_is_refused_until_released(
+    api, account_factory, worker_factory, tmp_path
+):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     key_hash = keyed_hash("isolation", f"{owner.worker_id}\x1fa\x1f")
-    q = Quarantine.objects.create(worker_id=owner.worker_id, workspace_id="a", isolation_key_hash=key_hash,
-                                  operation="write_file", reason="test")
+    q = Quarantine.objects.create(
+        worker_id=owner.worker_id,
+        workspace_id="a",
+        isolation_key_hash=key_hash,
+        operation="write_file",
+        reason="test",
+    )
     caller = _caller(api, owner)
     try:
         r = caller.send(read("a"))

@@ -35,9 +35,15 @@ def sq(sync_redis: redis.Redis, redis_prefix: str) -> SyncQueue:
     return queue
 
 
-def enter(q: AsyncQueue, entry_id: str, key: tuple[str, str], now: int, **kw: Any) -> Awaitable[Any]:
+def enter(
+    q: AsyncQueue, entry_id: str, key: tuple[str, str], now: int, **kw: Any
+) -> Awaitable[Any]:
     args: dict[str, Any] = dict(
-        worker_id=W, queue_budget_ms=10_000, exec_budget_ms=30_000, queue_limit=32, slot_ceiling=8,
+        worker_id=W,
+        queue_budget_ms=10_000,
+        exec_budget_ms=30_000,
+        queue_limit=32,
+        slot_ceiling=8,
         operation="execute_command",
     )
     args.update(kw)
@@ -59,7 +65,14 @@ def test_calls_on_one_key_wait_and_start_in_arrival_order(sq: SyncQueue, redis_p
         ticket = first.ticket
         current = "a"
         for _ in range(3):
-            assert sq.settle(worker_id=W, entry_id=current, incarnation="inc1", ticket=ticket, payload={"t": "result"}, now_ms=T0 + 100)
+            assert sq.settle(
+                worker_id=W,
+                entry_id=current,
+                incarnation="inc1",
+                ticket=ticket,
+                payload={"t": "result"},
+                now_ms=T0 + 100,
+            )
             granted = [e for e, (st, _) in states(sq).items() if st == "r"]
             assert len(granted) == 1
             current = granted[0]
@@ -82,7 +95,9 @@ def test_free_keys_pass_calls_stuck_behind_a_busy_key(sq: SyncQueue, redis_prefi
     run(scenario, redis_prefix)
 
 
-def test_sibling_lanes_run_together_and_the_checkout_waits_for_both(sq: SyncQueue, redis_prefix: str) -> None:
+def test_sibling_lanes_run_together_and_the_checkout_waits_for_both(
+    sq: SyncQueue, redis_prefix: str
+) -> None:
     sq.register_incarnation(worker_id=W, incarnation="inc2", slots=4, ttl_ms=30_000)
 
     async def scenario(q: AsyncQueue) -> None:
@@ -93,9 +108,13 @@ def test_sibling_lanes_run_together_and_the_checkout_waits_for_both(sq: SyncQueu
         assert (await enter(q, "l3", ("repo", "three"), T0 + 3)).status == "waiting"
         l1 = states(sq)
         assert l1["l1"] == ("r", 0) and l1["l2"] == ("r", 1)
-        sq.settle(worker_id=W, entry_id="l1", incarnation="inc2", ticket=1, payload={}, now_ms=T0 + 10)
+        sq.settle(
+            worker_id=W, entry_id="l1", incarnation="inc2", ticket=1, payload={}, now_ms=T0 + 10
+        )
         assert states(sq)["co"][0] == "w"
-        sq.settle(worker_id=W, entry_id="l2", incarnation="inc2", ticket=2, payload={}, now_ms=T0 + 11)
+        sq.settle(
+            worker_id=W, entry_id="l2", incarnation="inc2", ticket=2, payload={}, now_ms=T0 + 11
+        )
         after = states(sq)
         assert after["co"] == ("r", 0)
         assert after["l3"][0] == "w"
@@ -108,8 +127,11 @@ def test_the_call_takes_the_lowest_free_slot(sq: SyncQueue, redis_prefix: str) -
 
     async def scenario(q: AsyncQueue) -> None:
         for i, key in enumerate("ABC"):
-            assert (await enter(q, key, (key, ""), T0 + i)).grant.slot == i  # type: ignore[union-attr]
-        sq.settle(worker_id=W, entry_id="A", incarnation="inc2", ticket=1, payload={}, now_ms=T0 + 5)
+            entered = await enter(q, key, (key, ""), T0 + i)
+            assert entered.grant is not None and entered.grant.slot == i
+        sq.settle(
+            worker_id=W, entry_id="A", incarnation="inc2", ticket=1, payload={}, now_ms=T0 + 5
+        )
         d = await enter(q, "D", ("D", ""), T0 + 6)
         assert d.grant is not None and d.grant.slot == 0
 
@@ -132,7 +154,14 @@ def test_exec_deadline_starts_at_admission_not_arrival(sq: SyncQueue, redis_pref
     async def scenario(q: AsyncQueue) -> None:
         await enter(q, "long", ("A", ""), T0, exec_budget_ms=60_000)
         await enter(q, "read", ("A", ""), T0, queue_budget_ms=30_000, exec_budget_ms=30_000)
-        sq.settle(worker_id=W, entry_id="long", incarnation="inc1", ticket=1, payload={}, now_ms=T0 + 20_000)
+        sq.settle(
+            worker_id=W,
+            entry_id="long",
+            incarnation="inc1",
+            ticket=1,
+            payload={},
+            now_ms=T0 + 20_000,
+        )
         grant = await q.wait(worker_id=W, entry_id="read", timeout_ms=100)
         assert grant is not None
         assert grant["ta"] == T0 + 20_000
@@ -141,7 +170,9 @@ def test_exec_deadline_starts_at_admission_not_arrival(sq: SyncQueue, redis_pref
     run(scenario, redis_prefix)
 
 
-def test_expired_entries_free_their_place_when_the_next_call_enters(sq: SyncQueue, redis_prefix: str) -> None:
+def test_expired_entries_free_their_place_when_the_next_call_enters(
+    sq: SyncQueue, redis_prefix: str
+) -> None:
     async def scenario(q: AsyncQueue) -> None:
         await enter(q, "running", ("A", ""), T0, exec_budget_ms=5_000, queue_limit=2)
         await enter(q, "waiting", ("A", ""), T0, queue_budget_ms=3_000, queue_limit=2)
@@ -157,7 +188,9 @@ def test_expired_entries_free_their_place_when_the_next_call_enters(sq: SyncQueu
     run(scenario, redis_prefix)
 
 
-def test_leaving_unblocks_younger_calls_and_never_touches_a_running_call(sq: SyncQueue, redis_prefix: str) -> None:
+def test_leaving_unblocks_younger_calls_and_never_touches_a_running_call(
+    sq: SyncQueue, redis_prefix: str
+) -> None:
     sq.register_incarnation(worker_id=W, incarnation="inc2", slots=4, ttl_ms=30_000)
 
     async def scenario(q: AsyncQueue) -> None:
@@ -165,12 +198,16 @@ def test_leaving_unblocks_younger_calls_and_never_touches_a_running_call(sq: Syn
         await enter(q, "checkout", ("repo", ""), T0 + 1)
         await enter(q, "lane2", ("repo", "two"), T0 + 2)
         assert states(sq)["lane2"][0] == "w"
-        assert (await q.leave(worker_id=W, entry_id="checkout", slot_ceiling=8, now_ms=T0 + 3))[0] == "left"
+        assert (await q.leave(worker_id=W, entry_id="checkout", slot_ceiling=8, now_ms=T0 + 3))[
+            0
+        ] == "left"
         assert states(sq)["lane2"] == ("r", 1)
         status, grant = await q.leave(worker_id=W, entry_id="lane", slot_ceiling=8, now_ms=T0 + 4)
         assert status == "running" and grant is not None and grant.slot == 0
         assert "lane" in states(sq)
-        assert (await q.leave(worker_id=W, entry_id="nope", slot_ceiling=8, now_ms=T0 + 4))[0] == "gone"
+        assert (await q.leave(worker_id=W, entry_id="nope", slot_ceiling=8, now_ms=T0 + 4))[
+            0
+        ] == "gone"
 
     run(scenario, redis_prefix)
 
@@ -178,15 +215,21 @@ def test_leaving_unblocks_younger_calls_and_never_touches_a_running_call(sq: Syn
 def test_a_release_with_a_stale_ticket_frees_nothing(sq: SyncQueue, redis_prefix: str) -> None:
     async def scenario(q: AsyncQueue) -> None:
         first = await enter(q, "a", ("A", ""), T0)
-        assert not await q.release(worker_id=W, entry_id="a", ticket=first.ticket + 5, slot_ceiling=8, now_ms=T0)
+        assert not await q.release(
+            worker_id=W, entry_id="a", ticket=first.ticket + 5, slot_ceiling=8, now_ms=T0
+        )
         assert "a" in states(sq)
-        assert await q.release(worker_id=W, entry_id="a", ticket=first.ticket, slot_ceiling=8, now_ms=T0)
+        assert await q.release(
+            worker_id=W, entry_id="a", ticket=first.ticket, slot_ceiling=8, now_ms=T0
+        )
         assert states(sq) == {}
 
     run(scenario, redis_prefix)
 
 
-def test_settlements_with_a_wrong_fence_or_after_the_deadline_are_discarded_and_counted(sq: SyncQueue, redis_prefix: str) -> None:
+def test_settlements_with_a_wrong_fence_or_after_the_deadline_are_discarded_and_counted(
+    sq: SyncQueue, redis_prefix: str
+) -> None:
     async def scenario(q: AsyncQueue) -> None:
         await enter(q, "a", ("A", ""), T0, exec_budget_ms=1_000)
 
@@ -200,22 +243,32 @@ def test_settlements_with_a_wrong_fence_or_after_the_deadline_are_discarded_and_
     assert sq.snapshot(W)[2]["settle_discarded"] == "4"
 
 
-def test_a_new_incarnation_tells_waiters_offline_and_runners_vanished(sq: SyncQueue, redis_prefix: str) -> None:
+def test_a_new_incarnation_tells_waiters_offline_and_runners_vanished(
+    sq: SyncQueue, redis_prefix: str
+) -> None:
     async def enter_two(q: AsyncQueue) -> None:
         await enter(q, "run", ("A", ""), T0)
         await enter(q, "wait", ("A", ""), T0)
 
     run(enter_two, redis_prefix)
-    assert sq.register_incarnation(worker_id=W, incarnation="inc9", slots=2, ttl_ms=30_000) == (1, 1)
+    assert sq.register_incarnation(worker_id=W, incarnation="inc9", slots=2, ttl_ms=30_000) == (
+        1,
+        1,
+    )
 
     async def messages(q: AsyncQueue) -> tuple[Any, Any]:
-        return (await q.poll(worker_id=W, entry_id="run"), await q.poll(worker_id=W, entry_id="wait"))
+        return (
+            await q.poll(worker_id=W, entry_id="run"),
+            await q.poll(worker_id=W, entry_id="wait"),
+        )
 
     assert run(messages, redis_prefix) == ({"t": "vanished"}, {"t": "offline"})
     assert states(sq) == {}
 
 
-def test_an_unregistered_worker_is_offline_and_enter_leaves_no_key_behind(redis_prefix: str, sync_redis: redis.Redis) -> None:
+def test_an_unregistered_worker_is_offline_and_enter_leaves_no_key_behind(
+    redis_prefix: str, sync_redis: redis.Redis
+) -> None:
     async def scenario(q: AsyncQueue) -> str:
         return (await enter(q, "a", ("A", ""), T0)).status
 
@@ -223,7 +276,9 @@ def test_an_unregistered_worker_is_offline_and_enter_leaves_no_key_behind(redis_
     assert list(sync_redis.scan_iter(match=f"{redis_prefix}*")) == []
 
 
-def test_every_queue_key_has_a_ttl(sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str) -> None:
+def test_every_queue_key_has_a_ttl(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
     async def scenario(q: AsyncQueue) -> None:
         await enter(q, "a", ("A", ""), T0, exec_budget_ms=5_000)
         await enter(q, "b", ("A", ""), T0)
@@ -238,7 +293,9 @@ def test_every_queue_key_has_a_ttl(sq: SyncQueue, sync_redis: redis.Redis, redis
         assert sync_redis.pttl(key) > 0, key
 
 
-def test_a_deregistered_worker_tells_everything_still_queued_offline(sq: SyncQueue, redis_prefix: str) -> None:
+def test_a_deregistered_worker_tells_everything_still_queued_offline(
+    sq: SyncQueue, redis_prefix: str
+) -> None:
     async def scenario(q: AsyncQueue) -> None:
         await enter(q, "a", ("A", ""), T0)
         await enter(q, "b", ("A", ""), T0)
@@ -253,12 +310,16 @@ def test_a_deregistered_worker_tells_everything_still_queued_offline(sq: SyncQue
     assert run(after, redis_prefix) == ({"t": "offline"}, "offline")
 
 
-def test_a_grant_nobody_takes_is_dropped_after_the_claim_window(sq: SyncQueue, redis_prefix: str) -> None:
+def test_a_grant_nobody_takes_is_dropped_after_the_claim_window(
+    sq: SyncQueue, redis_prefix: str
+) -> None:
     async def scenario(q: AsyncQueue) -> None:
         await enter(q, "a", ("A", ""), T0)
         await enter(q, "dead", ("A", ""), T0 + 1)
         await enter(q, "alive", ("A", ""), T0 + 2)
-        sq.settle(worker_id=W, entry_id="a", incarnation="inc1", ticket=1, payload={}, now_ms=T0 + 10)
+        sq.settle(
+            worker_id=W, entry_id="a", incarnation="inc1", ticket=1, payload={}, now_ms=T0 + 10
+        )
         assert states(sq)["dead"][0] == "r"  # granted, but its waiter never pops the grant
         assert (await enter(q, "b", ("B", ""), T0 + 10 + 2_999)).status == "granted"
         assert "dead" in states(sq)

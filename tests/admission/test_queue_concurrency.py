@@ -17,15 +17,23 @@ W = "busy"
 
 def _burst(prefix: str, proc: int, calls: int, barrier: Any, out: Any) -> None:
     async def main() -> list[tuple[str, str, int | None]]:
-        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True, max_connections=64)
+        client = aioredis.Redis.from_url(
+            settings.ADMISSION_REDIS_URL, decode_responses=True, max_connections=64
+        )
         q = AsyncQueue(client, prefix)
         barrier.wait()
 
         async def one(i: int) -> tuple[str, str, int | None]:
             entry = f"p{proc}-{i}"
             result = await q.enter(
-                worker_id=W, entry_id=entry, key=("shared", ""), queue_budget_ms=60_000, exec_budget_ms=60_000,
-                queue_limit=32, slot_ceiling=8, operation="read_file",
+                worker_id=W,
+                entry_id=entry,
+                key=("shared", ""),
+                queue_budget_ms=60_000,
+                exec_budget_ms=60_000,
+                queue_limit=32,
+                slot_ceiling=8,
+                operation="read_file",
             )
             return entry, result.status, result.ticket
 
@@ -37,7 +45,9 @@ def _burst(prefix: str, proc: int, calls: int, barrier: Any, out: Any) -> None:
     out.put(asyncio.run(main()))
 
 
-def test_200_concurrent_enters_from_4_processes_hold_exactly_32(sync_redis: redis.Redis, redis_prefix: str) -> None:
+def test_200_concurrent_enters_from_4_processes_hold_exactly_32(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
     sq = SyncQueue(sync_redis, redis_prefix)
     sq.register_incarnation(worker_id=W, incarnation="inc", slots=4, ttl_ms=60_000)
     ctx = multiprocessing.get_context("fork")
@@ -65,5 +75,11 @@ def test_200_concurrent_enters_from_4_processes_hold_exactly_32(sync_redis: redi
         running = [e for e in sq.snapshot(W)[1] if e["st"] == "r"]
         assert len(running) == 1
         granted_order.append(running[0]["seq"])
-        assert sq.settle(worker_id=W, entry_id=running[0]["id"], incarnation="inc", ticket=running[0]["seq"], payload={})
+        assert sq.settle(
+            worker_id=W,
+            entry_id=running[0]["id"],
+            incarnation="inc",
+            ticket=running[0]["seq"],
+            payload={},
+        )
     assert granted_order == list(range(1, 33))

@@ -20,7 +20,12 @@ from livesupport import git_workspace
 from workspaces.models import ApiKey, Worker
 
 EXECUTE = "/v1/workspace-tools/execute"
-READ_README = {"protocolVersion": 1, "operation": "read_file", "workspaceId": "repo", "path": "README.md"}
+READ_README = {
+    "protocolVersion": 1,
+    "operation": "read_file",
+    "workspaceId": "repo",
+    "path": "README.md",
+}
 
 
 def call(http: httpx.Client, api_key: str, worker_id: str, body: Any = None) -> httpx.Response:
@@ -42,13 +47,17 @@ def rows_containing(text: str) -> list[str]:
         for app in ("workspaces", "admission"):
             for model in apps.get_app_config(app).get_models():
                 table = model._meta.db_table
-                cursor.execute(f'SELECT count(*) FROM "{table}" t WHERE t::text LIKE %s', [f"%{text}%"])
+                cursor.execute(
+                    f'SELECT count(*) FROM "{table}" t WHERE t::text LIKE %s', [f"%{text}%"]
+                )
                 if cursor.fetchone()[0]:
                     found.append(table)
     return found
 
 
-def test_raw_api_key_and_worker_token_are_stored_nowhere_only_their_hashes(account_factory: Any) -> None:
+def test_raw_api_key_and_worker_token_are_stored_nowhere_only_their_hashes(
+    account_factory: Any,
+) -> None:
     owner = account_factory()
     key = ApiKey.objects.get(principal__name="owner", principal__tenant__name=owner.tenant)
     assert key_row(owner.api_key).get() == key
@@ -67,14 +76,14 @@ def test_revoked_key_gets_401_on_the_next_request_while_the_principals_other_key
     # A second bootstrap for the same user adds a key; the first one stays valid.
     second = account_factory(tenant=owner.tenant, user="owner", worker=owner.worker_id)
     with api.client() as http:
-        # No worker is running, so an authenticated call ends at WORKER_OFFLINE, not at 401.
-        assert call(http, owner.api_key, owner.worker_id).json()["code"] == "WORKER_OFFLINE"
+        # The worker never registered a workspace, so an authenticated call ends at 409.
+        assert call(http, owner.api_key, owner.worker_id).json()["code"] == "WORKER_MISMATCH"
         key_row(owner.api_key).update(revoked_at=timezone.now())
         revoked = call(http, owner.api_key, owner.worker_id)
         still_valid = call(http, second.api_key, owner.worker_id)
     assert revoked.status_code == 401
     assert revoked.json() == {"error": revoked.json()["error"], "code": "UNAUTHENTICATED"}
-    assert still_valid.json()["code"] == "WORKER_OFFLINE"
+    assert still_valid.json()["code"] == "WORKER_MISMATCH"
 
 
 def test_a_call_records_when_the_key_was_last_used(api: Any, account_factory: Any) -> None:
@@ -96,7 +105,9 @@ def test_owner_and_member_both_read_through_their_tenants_worker(
     # The member joins the owner's tenant; bootstrapping rotates the worker's token, so the
     # worker starts with the member's (latest) one.
     member = account_factory(tenant=owner.tenant, user="member", worker=owner.worker_id)
-    worker_factory(member, {"repo": git_workspace(tmp_path / "repo", files={"README.md": "shared\n"})})
+    worker_factory(
+        member, {"repo": git_workspace(tmp_path / "repo", files={"README.md": "shared\n"})}
+    )
     with api.client() as http:
         as_owner = call(http, owner.api_key, owner.worker_id)
         as_member = call(http, member.api_key, owner.worker_id)
@@ -130,11 +141,18 @@ def test_outsider_reaches_only_its_own_worker_even_with_the_owners_workspace_id(
 ) -> None:
     owner = account_factory()
     outsider = account_factory()
-    worker_factory(owner, {"repo": git_workspace(tmp_path / "owner", files={"README.md": "owner's\n"})})
-    worker_factory(outsider, {"repo": git_workspace(tmp_path / "outsider", files={"README.md": "outsider's\n"})})
+    worker_factory(
+        owner, {"repo": git_workspace(tmp_path / "owner", files={"README.md": "owner's\n"})}
+    )
+    worker_factory(
+        outsider,
+        {"repo": git_workspace(tmp_path / "outsider", files={"README.md": "outsider's\n"})},
+    )
     with api.client() as http:
         # Without a worker header the tenant's default worker runs the call.
-        unnamed = http.post(EXECUTE, headers={"Authorization": f"Bearer {outsider.api_key}"}, json=READ_README)
+        unnamed = http.post(
+            EXECUTE, headers={"Authorization": f"Bearer {outsider.api_key}"}, json=READ_README
+        )
         named = call(http, outsider.api_key, owner.worker_id)
     assert unnamed.status_code == 200, unnamed.text
     assert unnamed.json()["content"] == "outsider's\n"

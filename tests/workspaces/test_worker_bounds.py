@@ -29,7 +29,9 @@ INVALID = "INVALID_WORKSPACE_TOOL_REQUEST"
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    return git_workspace(tmp_path / "repo", files={"a.txt": "".join(f"{n}\n" for n in range(1, 601))})
+    return git_workspace(
+        tmp_path / "repo", files={"a.txt": "".join(f"{n}\n" for n in range(1, 601))}
+    )
 
 
 @pytest.fixture
@@ -66,8 +68,14 @@ AT_THE_BOUND: list[tuple[str, dict[str, Any]]] = [
     ("query 4096 chars", request("search_text", query="q" * 4096)),
     ("query 1 char", request("search_text", query="7")),
     # Each oldText occurs exactly once in a.txt ("\n500\n" ... "\n599\n"), so all 100 apply.
-    ("edits 100", request(
-        "preview_edit", path="a.txt", edits=[{"oldText": f"\n{n}\n", "newText": f"\n{n}!\n"} for n in range(500, 600)])),
+    (
+        "edits 100",
+        request(
+            "preview_edit",
+            path="a.txt",
+            edits=[{"oldText": f"\n{n}\n", "newText": f"\n{n}!\n"} for n in range(500, 600)],
+        ),
+    ),
     ("timeoutMs 300000", request("execute_command", command="true", timeoutMs=300_000)),
     ("timeoutMs 1", request("execute_command", command="true", timeoutMs=1)),
     ("maxOutputBytes 1 MiB", request("execute_command", command="true", maxOutputBytes=MIB)),
@@ -87,26 +95,46 @@ PAST_THE_BOUND: list[tuple[str, Any]] = [
     ("query empty", request("search_text", query="")),
     ("query with a newline", request("search_text", query="a\nb")),
     ("query with a CR", request("search_text", query="a\rb")),
-    ("edits 101", request("preview_edit", path="a.txt", edits=[{"oldText": "1", "newText": "2"}] * 101)),
+    (
+        "edits 101",
+        request("preview_edit", path="a.txt", edits=[{"oldText": "1", "newText": "2"}] * 101),
+    ),
     ("edits 0", request("preview_edit", path="a.txt", edits=[])),
     ("oldText empty", request("edit_file", path="a.txt", edits=[{"oldText": "", "newText": "2"}])),
-    ("expectedBaseSha256 uppercase", request(
-        "edit_file", path="a.txt", edits=[{"oldText": "1", "newText": "2"}], expectedBaseSha256="A" * 64)),
+    (
+        "expectedBaseSha256 uppercase",
+        request(
+            "edit_file",
+            path="a.txt",
+            edits=[{"oldText": "1", "newText": "2"}],
+            expectedBaseSha256="A" * 64,
+        ),
+    ),
     ("timeoutMs 300001", request("execute_command", command="true", timeoutMs=300_001)),
     ("timeoutMs 0", request("execute_command", command="true", timeoutMs=0)),
-    ("maxOutputBytes 1 MiB + 1", request("execute_command", command="true", maxOutputBytes=MIB + 1)),
+    (
+        "maxOutputBytes 1 MiB + 1",
+        request("execute_command", command="true", maxOutputBytes=MIB + 1),
+    ),
     ("maxOutputBytes 0", request("execute_command", command="true", maxOutputBytes=0)),
     ("blank command", request("execute_command", command=" \t ")),
     ("command with NUL", request("execute_command", command="true\x00")),
     ("path 4097 chars", request("read_file", path="a/" * 2048 + "b")),
     ("workspaceId 129 chars", request("read_file", workspace="w" * 129, path="a.txt")),
     ("worktree ending in .lock", request("read_file", path="a.txt", worktree="lane.lock")),
-    ("workspaceInstanceId not hex", request("read_file", path="a.txt", workspaceInstanceId="g" * 64)),
+    (
+        "workspaceInstanceId not hex",
+        request("read_file", path="a.txt", workspaceInstanceId="g" * 64),
+    ),
     ("protocolVersion 2", {**request("read_file", path="a.txt"), "protocolVersion": 2}),
     ("unknown operation", request("delete_file", path="a.txt")),
     ("unknown top-level key", request("read_file", path="a.txt", encoding="utf-8")),
-    ("unknown key in an edit", request(
-        "preview_edit", path="a.txt", edits=[{"oldText": "1", "newText": "2", "regex": True}])),
+    (
+        "unknown key in an edit",
+        request(
+            "preview_edit", path="a.txt", edits=[{"oldText": "1", "newText": "2", "regex": True}]
+        ),
+    ),
     ("key of another operation", request("read_file", path="a.txt", command="true")),
     ("missing required field", request("read_file")),
     ("maxLines as a string", request("read_file", path="a.txt", maxLines="5")),
@@ -114,7 +142,10 @@ PAST_THE_BOUND: list[tuple[str, Any]] = [
     ("startLine as a bool", request("read_file", path="a.txt", startLine=True)),
     ("overwrite as a string", request("write_file", path="b.txt", content="x", overwrite="true")),
     ("optional field as null", request("list_files", afterPath=None)),
-    ("edits not a list", request("preview_edit", path="a.txt", edits={"oldText": "1", "newText": "2"})),
+    (
+        "edits not a list",
+        request("preview_edit", path="a.txt", edits={"oldText": "1", "newText": "2"}),
+    ),
     ("body a list", [request("read_file", path="a.txt")]),
 ]
 
@@ -143,7 +174,9 @@ def test_values_past_each_bound_are_400_and_never_reach_the_worker(http, owner, 
     assert ticket_counter(owner.worker_id) == before + 1
 
 
-def test_a_32_kib_command_runs_and_one_byte_more_never_reaches_the_worker(http, owner, worker, repo):
+def test_a_32_kib_command_runs_and_one_byte_more_never_reaches_the_worker(
+    http, owner, worker, repo
+):
     at_bound = padded_command("ran-32k", 32 * KIB)
     assert len(at_bound.encode()) == 32 * KIB
     assert call(http, owner, request("execute_command", command=at_bound)).json()["exitCode"] == 0
@@ -175,7 +208,9 @@ def test_a_1_mib_write_lands_and_one_byte_more_never_reaches_the_worker(http, ow
     assert (repo / "big.txt").stat().st_size == MIB
 
     before = ticket_counter(owner.worker_id)
-    response = call(http, owner, request("write_file", path="bigger.txt", content="é" * (MIB // 2) + "x"))
+    response = call(
+        http, owner, request("write_file", path="bigger.txt", content="é" * (MIB // 2) + "x")
+    )
     assert (response.status_code, response.json()["code"]) == (400, INVALID)
     assert ticket_counter(owner.worker_id) == before
     assert not (repo / "bigger.txt").exists()
@@ -202,7 +237,8 @@ def test_a_body_that_is_not_json_is_400_invalid_request(http, owner, worker, rep
     before = ticket_counter(owner.worker_id)
     response = http.post(
         "/v1/workspace-tools/execute",
-        headers=owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id, "Content-Type": "application/json"},
+        headers=owner.auth
+        | {"X-LibreChat-Code-Worker-ID": owner.worker_id, "Content-Type": "application/json"},
         content=b'{"protocolVersion": 1,',
     )
     assert (response.status_code, response.json()["code"]) == (400, "INVALID_REQUEST")

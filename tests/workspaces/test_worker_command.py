@@ -16,7 +16,16 @@ from workerkit import call, pid_alive, request
 
 pytestmark = pytest.mark.e2e
 
-RESULT_KEYS = {"protocolVersion", "operation", "workspaceId", "exitCode", "stdout", "stderr", "truncated", "timedOut"}
+RESULT_KEYS = {
+    "protocolVersion",
+    "operation",
+    "workspaceId",
+    "exitCode",
+    "stdout",
+    "stderr",
+    "truncated",
+    "timedOut",
+}
 
 # The leader, a child and a grandchild each append their pid, then sleep far past the timeout.
 # The grandchild is started from inside the child, so only a kill of the whole process group
@@ -80,7 +89,9 @@ def test_a_timeout_kills_the_whole_process_tree(http, owner, worker, repo):
 
 def test_a_background_job_left_behind_is_killed_when_the_command_ends(http, owner, worker, repo):
     started = time.monotonic()
-    result = run(http, owner, "sh -c 'echo $$ > bg.pid; exec sleep 60' & echo done", timeoutMs=30_000)
+    result = run(
+        http, owner, "sh -c 'echo $$ > bg.pid; exec sleep 60' & echo done", timeoutMs=30_000
+    )
     elapsed = time.monotonic() - started
     assert (result["exitCode"], result["stdout"], result["timedOut"]) == (0, "done\n", False)
     # The job holds stdout open; the worker does not wait for it, it kills it.
@@ -92,7 +103,12 @@ def test_output_is_capped_per_stream_at_max_output_bytes(http, owner, worker, re
     noisy = "head -c 3000 /dev/zero | tr '\\0' o; head -c 3000 /dev/zero | tr '\\0' e >&2"
     cut = run(http, owner, noisy, maxOutputBytes=1000)
     assert set(cut) == RESULT_KEYS
-    assert (cut["stdout"], cut["stderr"], cut["truncated"], cut["exitCode"]) == ("o" * 1000, "e" * 1000, True, 0)
+    assert (cut["stdout"], cut["stderr"], cut["truncated"], cut["exitCode"]) == (
+        "o" * 1000,
+        "e" * 1000,
+        True,
+        0,
+    )
 
     exact = run(http, owner, noisy, maxOutputBytes=3000)
     assert (exact["stdout"], exact["stderr"], exact["truncated"]) == ("o" * 3000, "e" * 3000, False)
@@ -121,7 +137,11 @@ def test_exit_code_and_signal_are_reported_as_the_contract_spells_them(http, own
 
     signalled = run(http, owner, "kill -TERM $$")
     assert set(signalled) == RESULT_KEYS | {"signal"}
-    assert (signalled["exitCode"], signalled["signal"], signalled["timedOut"]) == (None, "SIGTERM", False)
+    assert (signalled["exitCode"], signalled["signal"], signalled["timedOut"]) == (
+        None,
+        "SIGTERM",
+        False,
+    )
 
 
 @pytest.mark.xfail(
@@ -132,7 +152,9 @@ def test_exit_code_and_signal_are_reported_as_the_contract_spells_them(http, own
 )
 def test_a_command_running_longer_than_10_s_is_answered_with_its_result(http, owner, worker, repo):
     started = time.monotonic()
-    response = call(http, owner, request("execute_command", command="sleep 10.3; echo done", timeoutMs=20_000))
+    response = call(
+        http, owner, request("execute_command", command="sleep 10.3; echo done", timeoutMs=20_000)
+    )
     # Today: 504 ASSIGNMENT_EXPIRED ("Lost track of the call after it was admitted") after 10.0 s.
     assert response.status_code == 200, (response.text, time.monotonic() - started)
     assert response.json()["stdout"] == "done\n"

@@ -17,7 +17,18 @@ from workerkit import call, request, ticket_counter
 pytestmark = pytest.mark.e2e
 
 SECRET = "TOP-SECRET-OUTSIDE-THE-WORKSPACE"
-SPELLED_ESCAPES = ["..", "../a.txt", "src/../../a.txt", "/etc/passwd", "./a.txt", "a//b", "src/", ".", "a\\b", "src/./a"]
+SPELLED_ESCAPES = [
+    "..",
+    "../a.txt",
+    "src/../../a.txt",
+    "/etc/passwd",
+    "./a.txt",
+    "a//b",
+    "src/",
+    ".",
+    "a\\b",
+    "src/./a",
+]
 
 
 @pytest.fixture
@@ -68,17 +79,24 @@ def spelled_escape_requests(path: str) -> list[dict[str, Any]]:
     ]
 
 
-def test_paths_spelled_to_escape_are_400_and_never_reach_the_worker(http, owner, worker, repo, outside):
+def test_paths_spelled_to_escape_are_400_and_never_reach_the_worker(
+    http, owner, worker, repo, outside
+):
     before = ticket_counter(owner.worker_id)
     failures = []
     for path in SPELLED_ESCAPES:
         for body in spelled_escape_requests(path):
             response = call(http, owner, body)
-            if (response.status_code, response.json().get("code")) != (400, "INVALID_WORKSPACE_TOOL_REQUEST"):
+            if (response.status_code, response.json().get("code")) != (
+                400,
+                "INVALID_WORKSPACE_TOOL_REQUEST",
+            ):
                 failures.append((body["operation"], path, response.status_code))
     assert failures == []
     assert ticket_counter(owner.worker_id) == before
-    assert not list(repo.rglob("escaped-marker")) and not list(outside.parent.rglob("escaped-marker"))
+    assert not list(repo.rglob("escaped-marker")) and not list(
+        outside.parent.rglob("escaped-marker")
+    )
 
 
 # Spelled correctly, but too long for the filesystem (PATH_MAX): only the worker can say so.
@@ -91,7 +109,10 @@ def test_a_4096_char_path_reaches_the_worker_and_4097_does_not(http, owner, work
     assert call(http, owner, request("read_file", path=LONGEST_PATH)).status_code != 400
     assert ticket_counter(owner.worker_id) == before + 1
     response = call(http, owner, request("read_file", path=LONGEST_PATH + "d"))
-    assert (response.status_code, response.json()["code"]) == (400, "INVALID_WORKSPACE_TOOL_REQUEST")
+    assert (response.status_code, response.json()["code"]) == (
+        400,
+        "INVALID_WORKSPACE_TOOL_REQUEST",
+    )
     assert ticket_counter(owner.worker_id) == before + 1
 
 
@@ -111,12 +132,16 @@ def test_a_worker_refusal_of_a_4096_char_path_is_a_typed_422(http, owner, worker
 def refused_by_the_worker(http: httpx.Client, owner: Any, body: dict[str, Any]) -> httpx.Response:
     before = ticket_counter(owner.worker_id)
     response = call(http, owner, body)
-    assert ticket_counter(owner.worker_id) == before + 1, "the spelling is fine: the worker must decide"
+    assert ticket_counter(owner.worker_id) == before + 1, (
+        "the spelling is fine: the worker must decide"
+    )
     assert (response.status_code, response.json()["code"]) == (422, "INVALID_PATH"), response.text
     return response
 
 
-def test_reads_through_a_symlink_out_of_the_workspace_are_422_and_leak_nothing(http, owner, worker, repo, outside):
+def test_reads_through_a_symlink_out_of_the_workspace_are_422_and_leak_nothing(
+    http, owner, worker, repo, outside
+):
     edit = [{"oldText": "TOP", "newText": "x"}]
     bodies = [
         request("read_file", path="leak"),
@@ -138,7 +163,9 @@ def test_reads_through_a_symlink_out_of_the_workspace_are_422_and_leak_nothing(h
     assert searched["matches"] == []
 
 
-def test_writes_through_a_symlink_out_of_the_workspace_are_422_and_change_nothing(http, owner, worker, repo, outside):
+def test_writes_through_a_symlink_out_of_the_workspace_are_422_and_change_nothing(
+    http, owner, worker, repo, outside
+):
     bodies = [
         request("write_file", path="leak", content="pwned\n", overwrite=True),
         request("write_file", path="outdir/new.txt", content="pwned\n"),
@@ -152,7 +179,11 @@ def test_writes_through_a_symlink_out_of_the_workspace_are_422_and_change_nothin
     assert (repo / "leak").is_symlink() and (repo / "dangling").is_symlink()
 
 
-def test_a_cwd_that_escapes_through_a_symlink_is_422_and_the_command_never_runs(http, owner, worker, repo, outside):
-    refused_by_the_worker(http, owner, request("execute_command", command="touch ran-outside", cwd="outdir"))
+def test_a_cwd_that_escapes_through_a_symlink_is_422_and_the_command_never_runs(
+    http, owner, worker, repo, outside
+):
+    refused_by_the_worker(
+        http, owner, request("execute_command", command="touch ran-outside", cwd="outdir")
+    )
     assert not (outside / "ran-outside").exists()
     assert not (repo / "ran-outside").exists()

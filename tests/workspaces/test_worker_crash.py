@@ -77,6 +77,12 @@ def incarnation_row(worker_id: str) -> str:
     return WorkerRow.objects.get(worker_id=worker_id).incarnation_id
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: the 504 comes at ~10 s, not at the 7 s deadline + 0.5 s grace: the API's BLPOP for the "
+    "result dies on redis-py 8's default 5 s socket timeout (admission/connections.py sets none), is "
+    "retried once, and the second RedisError becomes the 504",
+)
 def test_a_worker_killed_mid_command_gives_504_at_the_deadline_and_never_runs_it_again(
     http, owner, worker, repo, marker
 ):
@@ -91,9 +97,8 @@ def test_a_worker_killed_mid_command_gives_504_at_the_deadline_and_never_runs_it
         answered = time.monotonic() - sent
     assert (response.status_code, response.json()["code"]) == (504, "ASSIGNMENT_EXPIRED")
     assert "may or may not have run" in response.json()["error"]
-    # Admission came after `sent`, so the deadline is at least 7 s after it; the API waits for
-    # it (plus a 0.5 s grace for a settlement in flight) and then answers promptly.
-    assert 7.0 <= answered < 9.5
+    # Admission came after `sent`, so the deadline is at least 7 s after it: never earlier.
+    assert answered >= 7.0
 
     old = worker.incarnation
     worker.start()
@@ -103,9 +108,14 @@ def test_a_worker_killed_mid_command_gives_504_at_the_deadline_and_never_runs_it
     after = call(http, owner, request("read_file", path="README.md"))
     assert after.status_code == 200, after.text
     assert len(marker.read_text().split()) == 1
+    # Checked last so the checks above still run while this bound fails: the API waits for the
+    # deadline plus a 0.5 s grace for a settlement in flight, then answers promptly.
+    assert answered < 9.5, f"answered {answered:.2f} s after the call was sent"
 
 
-def test_a_running_call_gets_504_at_once_when_its_worker_re_registers(http, owner, worker, repo, marker):
+def test_a_running_call_gets_504_at_once_when_its_worker_re_registers(
+    http, owner, worker, repo, marker
+):
     body = request("execute_command", command=LONG_COMMAND, timeoutMs=20_000)
     with ThreadPoolExecutor(1) as pool:
         sent = time.monotonic()
@@ -119,6 +129,10 @@ def test_a_running_call_gets_504_at_once_when_its_worker_re_registers(http, owne
         answered = time.monotonic() - sent
     assert (response.status_code, response.json()["code"]) == (504, "ASSIGNMENT_EXPIRED")
     assert answered < 10.0
+    # The new incarnation takes work (a full round trip), and the killed call is not among it:
+    # its message was acknowledged when the old incarnation took it, so nothing redelivers it.
+    after = call(http, owner, request("read_file", path="README.md"))
+    assert after.status_code == 200, after.text
     assert len(marker.read_text().split()) == 1
 
 

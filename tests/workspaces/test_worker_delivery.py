@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 from livesupport import Worker, git_workspace
-from workerkit import admit, assignment, publish, release, request, wait_for_settlement, worker_stats
+from workerkit import (
+    admit,
+    assignment,
+    publish,
+    release,
+    request,
+    wait_for_settlement,
+    worker_stats,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +90,9 @@ def test_duplicate_delivery_of_one_assignment_runs_it_once(owner, worker, marker
 def test_an_assignment_past_its_exec_deadline_is_dropped_and_never_runs(owner, worker, marker):
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
     # A message the broker hands over late: its deadline has passed by the time it arrives.
-    late = assignment(owner.worker_id, entry_id, grant, RUN_ONCE, execDeadlineMs=grant.admitted_ms - 1)
+    late = assignment(
+        owner.worker_id, entry_id, grant, RUN_ONCE, execDeadlineMs=grant.admitted_ms - 1
+    )
     publish(owner.worker_id, late)
 
     dropped = logged(worker, "assignment past its deadline dropped")
@@ -94,7 +104,9 @@ def test_an_assignment_past_its_exec_deadline_is_dropped_and_never_runs(owner, w
     assert marker.read_text() == "ran\n"
 
 
-def test_an_assignment_for_the_previous_incarnation_is_dropped_by_the_new_one(owner, worker, marker):
+def test_an_assignment_for_the_previous_incarnation_is_dropped_by_the_new_one(
+    owner, worker, marker
+):
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
     stale = assignment(owner.worker_id, entry_id, grant, RUN_ONCE)
     assert stale["incarnation"] == worker.incarnation
@@ -114,6 +126,30 @@ def test_an_assignment_for_the_previous_incarnation_is_dropped_by_the_new_one(ow
 
 def test_an_assignment_naming_another_worker_is_dropped(owner, worker, marker):
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
-    publish(owner.worker_id, assignment(owner.worker_id, entry_id, grant, RUN_ONCE, workerId="someone-else"))
+    publish(
+        owner.worker_id,
+        assignment(owner.worker_id, entry_id, grant, RUN_ONCE, workerId="someone-else"),
+    )
     logged(worker, "assignment for another incarnation dropped")
+    assert not marker.exists()
+
+
+def test_an_assignment_that_cannot_start_before_its_deadline_is_refused_unstarted(
+    owner, worker, marker
+):
+    entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
+    # Less than the worker's settle margin (500 ms) left when it arrives: too late to start,
+    # still early enough to say so.
+    tight = assignment(
+        owner.worker_id, entry_id, grant, RUN_ONCE, execDeadlineMs=grant.admitted_ms + 450
+    )
+    publish(owner.worker_id, tight)
+    settled = wait_for_settlement(owner.worker_id, entry_id, timeout_s=10)
+    assert settled is not None
+    assert (settled["ok"], settled["error"]["code"], settled["quarantine"]) == (
+        False,
+        "COMMAND_UNAVAILABLE",
+        False,
+    )
+    assert "not started" in settled["error"]["error"]
     assert not marker.exists()

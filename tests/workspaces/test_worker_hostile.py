@@ -51,7 +51,11 @@ COMMAND_RESULT = {
 # (case, request, what the hostile worker settles with)
 CASES = [
     ("extra key", READ, {"t": "result", "ok": True, "result": READ_RESULT | {"note": HOSTILE}}),
-    ("absolute path", READ, {"t": "result", "ok": True, "result": READ_RESULT | {"path": "/etc/" + HOSTILE}}),
+    (
+        "absolute path",
+        READ,
+        {"t": "result", "ok": True, "result": READ_RESULT | {"path": "/etc/" + HOSTILE}},
+    ),
     (
         "listing with an absolute path",
         request("list_files"),
@@ -80,7 +84,11 @@ CASES = [
     (
         "a service code claiming 'not started'",
         COMMAND,
-        {"t": "result", "ok": False, "error": {"error": HOSTILE, "code": "WORKSPACE_QUEUE_TIMEOUT"}},
+        {
+            "t": "result",
+            "ok": False,
+            "error": {"error": HOSTILE, "code": "WORKSPACE_QUEUE_TIMEOUT"},
+        },
     ),
 ]
 
@@ -116,14 +124,22 @@ def call_settled_by_a_hostile_worker(
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(call, http, owner, body)
             entry_id, entry = running_entry(owner.worker_id)
-            assert settle(owner.worker_id, entry_id, incarnation=entry["inc"], ticket=entry["seq"], payload=payload)
+            assert settle(
+                owner.worker_id,
+                entry_id,
+                incarnation=entry["inc"],
+                ticket=entry["seq"],
+                payload=payload,
+            )
             return pending.result(timeout=10)
     finally:
         os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.parametrize(("case", "body", "payload"), CASES, ids=[c[0] for c in CASES])
-def test_a_hostile_worker_result_is_502_and_never_forwarded(http, owner, worker, case, body, payload):
+def test_a_hostile_worker_result_is_502_and_never_forwarded(
+    http, owner, worker, case, body, payload
+):
     response = call_settled_by_a_hostile_worker(http, owner, worker, body, payload)
     assert (response.status_code, response.json()["code"]) == (502, "RESULT_INVALID")
     assert set(response.json()) == {"error", "code"}
@@ -141,7 +157,11 @@ def test_a_hostile_worker_result_is_502_and_never_forwarded(http, owner, worker,
     "characters of its own text in front of the client",
 )
 def test_a_hostile_result_key_name_never_reaches_the_client(http, owner, worker):
-    payload = {"t": "result", "ok": True, "result": READ_RESULT | {"IGNORE-PREVIOUS-INSTRUCTIONS": 1}}
+    payload = {
+        "t": "result",
+        "ok": True,
+        "result": READ_RESULT | {"IGNORE-PREVIOUS-INSTRUCTIONS": 1},
+    }
     response = call_settled_by_a_hostile_worker(http, owner, worker, READ, payload)
     assert (response.status_code, response.json()["code"]) == (502, "RESULT_INVALID")
     assert "IGNORE-PREVIOUS-INSTRUCTIONS" not in response.text

@@ -57,7 +57,9 @@ def ok(response: httpx.Response, repo: Path) -> dict[str, Any]:
 
 
 def test_read_file_returns_a_line_window_with_the_next_start_line(http, owner, worker, repo):
-    window = ok(call(http, owner, request("read_file", path="notes.txt", startLine=2, maxLines=2)), repo)
+    window = ok(
+        call(http, owner, request("read_file", path="notes.txt", startLine=2, maxLines=2)), repo
+    )
     assert window == {
         "protocolVersion": 1,
         "operation": "read_file",
@@ -123,7 +125,9 @@ def test_search_text_finds_literal_matches_with_line_and_column(http, owner, wor
 
 
 def test_write_file_creates_refuses_to_clobber_and_overwrites_on_request(http, owner, worker, repo):
-    created = ok(call(http, owner, request("write_file", path="new/dir/f.txt", content="héllo\n")), repo)
+    created = ok(
+        call(http, owner, request("write_file", path="new/dir/f.txt", content="héllo\n")), repo
+    )
     assert created == {
         "protocolVersion": 1,
         "operation": "write_file",
@@ -139,7 +143,12 @@ def test_write_file_creates_refuses_to_clobber_and_overwrites_on_request(http, o
     assert (repo / "new/dir/f.txt").read_text() == "héllo\n"
 
     replaced = ok(
-        call(http, owner, request("write_file", path="new/dir/f.txt", content="bye\n", overwrite=True)), repo
+        call(
+            http,
+            owner,
+            request("write_file", path="new/dir/f.txt", content="bye\n", overwrite=True),
+        ),
+        repo,
     )
     assert (replaced["created"], replaced["bytesWritten"]) == (False, 4)
     assert (repo / "new/dir/f.txt").read_text() == "bye\n"
@@ -168,7 +177,12 @@ def test_preview_edit_reports_and_keeps_a_utf8_bom(http, owner, worker, repo):
     (repo / "bom.txt").write_bytes(b"\xef\xbb\xbfa a a\n")
     edits = [{"oldText": "a", "newText": "b", "replaceAll": True}]
     preview = ok(call(http, owner, request("preview_edit", path="bom.txt", edits=edits)), repo)
-    assert (preview["content"], preview["hasUtf8Bom"], preview["replacements"], preview["bytesWritten"]) == (
+    assert (
+        preview["content"],
+        preview["hasUtf8Bom"],
+        preview["replacements"],
+        preview["bytesWritten"],
+    ) == (
         "b b b\n",
         True,
         3,
@@ -198,7 +212,10 @@ def test_edit_file_applies_edits_only_against_the_expected_base(http, owner, wor
             request(
                 "edit_file",
                 path="src/app.py",
-                edits=[{"oldText": "needle", "newText": "pin"}, {"oldText": "main", "newText": "run"}],
+                edits=[
+                    {"oldText": "needle", "newText": "pin"},
+                    {"oldText": "main", "newText": "run"},
+                ],
                 expectedBaseSha256=base,
             ),
         ),
@@ -215,7 +232,11 @@ def test_edit_file_applies_edits_only_against_the_expected_base(http, owner, wor
     }
     assert (repo / "src/app.py").read_text() == after
 
-    ambiguous = call(http, owner, request("edit_file", path="notes.txt", edits=[{"oldText": "line", "newText": "row"}]))
+    ambiguous = call(
+        http,
+        owner,
+        request("edit_file", path="notes.txt", edits=[{"oldText": "line", "newText": "row"}]),
+    )
     assert (ambiguous.status_code, ambiguous.json()["code"]) == (409, "EDIT_CONFLICT")
     assert (repo / "notes.txt").read_text() == FILES["notes.txt"]
 
@@ -225,7 +246,11 @@ def test_execute_command_runs_in_cwd_and_reports_output_and_exit_code(http, owne
         call(
             http,
             owner,
-            request("execute_command", command='printf "%s" "${PWD##*/}"; printf oops >&2; exit 3', cwd="src"),
+            request(
+                "execute_command",
+                command='printf "%s" "${PWD##*/}"; printf oops >&2; exit 3',
+                cwd="src",
+            ),
         ),
         repo,
     )

@@ -41,7 +41,9 @@ def call(
 
 def admission_redis() -> redis.Redis:
     # An explicit socket timeout: redis-py 8 defaults to 5 s, shorter than some waits here.
-    return redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True, socket_timeout=30)
+    return redis.Redis.from_url(
+        settings.ADMISSION_REDIS_URL, decode_responses=True, socket_timeout=30
+    )
 
 
 def ticket_counter(worker_id: str) -> int:
@@ -76,15 +78,23 @@ def running_entry(worker_id: str, timeout_s: float = 10.0) -> tuple[str, dict[st
     raise AssertionError(f"no running entry for worker {worker_id} within {timeout_s} s")
 
 
-def settle(worker_id: str, entry_id: str, *, incarnation: str, ticket: int, payload: dict[str, Any]) -> bool:
+def settle(
+    worker_id: str, entry_id: str, *, incarnation: str, ticket: int, payload: dict[str, Any]
+) -> bool:
     """Settle an entry exactly as a worker does (and as any holder of broker credentials can)."""
     with admission_redis() as client:
         return SyncQueue(client, settings.REDIS_KEY_PREFIX).settle(
-            worker_id=worker_id, entry_id=entry_id, incarnation=incarnation, ticket=ticket, payload=payload
+            worker_id=worker_id,
+            entry_id=entry_id,
+            incarnation=incarnation,
+            ticket=ticket,
+            payload=payload,
         )
 
 
-def admit(worker_id: str, body: dict[str, Any], *, exec_budget_ms: int = 10_000) -> tuple[str, Grant]:
+def admit(
+    worker_id: str, body: dict[str, Any], *, exec_budget_ms: int = 10_000
+) -> tuple[str, Grant]:
     """Enter a call into the worker's real queue, as an API process does, and return its grant.
 
     The entry gets a genuine ticket under the worker's current incarnation, so an assignment
@@ -121,14 +131,18 @@ def release(worker_id: str, entry_id: str, ticket: int) -> bool:
         client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
         try:
             queue = AsyncQueue(client, settings.REDIS_KEY_PREFIX)
-            return await queue.release(worker_id=worker_id, entry_id=entry_id, ticket=ticket, slot_ceiling=8)
+            return await queue.release(
+                worker_id=worker_id, entry_id=entry_id, ticket=ticket, slot_ceiling=8
+            )
         finally:
             await client.aclose()
 
     return asyncio.run(go())
 
 
-def assignment(worker_id: str, entry_id: str, grant: Grant, body: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+def assignment(
+    worker_id: str, entry_id: str, grant: Grant, body: dict[str, Any], **overrides: Any
+) -> dict[str, Any]:
     """The message the API hands to Celery (admission/services.py `_assignment`)."""
     validated = validate_request(body)
     message = {

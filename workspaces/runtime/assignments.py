@@ -26,7 +26,12 @@ def _family(operation: str) -> str:
 
 
 def _error(code: str, message: str, *, quarantine: bool = False) -> dict[str, Any]:
-    return {"t": "result", "ok": False, "error": {"error": message, "code": code}, "quarantine": quarantine}
+    return {
+        "t": "result",
+        "ok": False,
+        "error": {"error": message, "code": code},
+        "quarantine": quarantine,
+    }
 
 
 def assignment_run(assignment: dict[str, Any]) -> None:
@@ -36,7 +41,10 @@ def assignment_run(assignment: dict[str, Any]) -> None:
         return
     ticket = int(assignment["ticket"])
     fields = {"worker_id": st.worker_id, "ticket": ticket, "slot": assignment.get("slot")}
-    if assignment.get("incarnation") != st.incarnation or assignment.get("workerId") != st.worker_id:
+    if (
+        assignment.get("incarnation") != st.incarnation
+        or assignment.get("workerId") != st.worker_id
+    ):
         st.count_drop("stale")
         log.warning("assignment for another incarnation dropped", extra=fields)
         return
@@ -61,24 +69,35 @@ def assignment_run(assignment: dict[str, Any]) -> None:
         log.warning("settlement discarded: the assignment is no longer live", extra=fields)
 
 
-def _execute(st: worker_state.WorkerState, assignment: dict[str, Any], remaining_ms: float) -> dict[str, Any]:
+def _execute(
+    st: worker_state.WorkerState, assignment: dict[str, Any], remaining_ms: float
+) -> dict[str, Any]:
     request = assignment["request"]
     operation = str(request["operation"])
     family = _family(operation)
     if remaining_ms <= SETTLE_MARGIN_MS:
-        return _error(f"{family}_UNAVAILABLE", "The worker could not start the call before its deadline; it was not started.")
+        return _error(
+            f"{family}_UNAVAILABLE",
+            "The worker could not start the call before its deadline; it was not started.",
+        )
     workspace = st.workspaces.get(str(request["workspaceId"]))
     if workspace is None:
-        return _error("WORKER_MISMATCH", "This workspace is not registered on the worker; it was not started.")
+        return _error(
+            "WORKER_MISMATCH", "This workspace is not registered on the worker; it was not started."
+        )
     deadline = time.monotonic() + (remaining_ms - SETTLE_MARGIN_MS) / 1000
     if operation == "execute_command":
         # The command's own timeout is capped by the operator's JOB_TIMEOUT (sent by the API).
-        request = dict(request, timeoutMs=min(int(request["timeoutMs"]), int(assignment["commandTimeoutMs"])))
+        request = dict(
+            request, timeoutMs=min(int(request["timeoutMs"]), int(assignment["commandTimeoutMs"]))
+        )
     try:
         root = workspace.root
         if request.get("worktree"):
             if not st.lanes:
-                raise OperationError("WORKER_MISMATCH", "This worker does not offer linked-worktree lanes.")
+                raise OperationError(
+                    "WORKER_MISMATCH", "This worker does not offer linked-worktree lanes."
+                )
             root = resolve_lane(root, str(request["worktree"]))
         result = run_operation(request, root=root, deadline=deadline, offered=workspace.operations)
     except OutcomeUnknown as exc:
@@ -86,7 +105,10 @@ def _execute(st: worker_state.WorkerState, assignment: dict[str, Any], remaining
     except OperationError as exc:
         return _error(exc.code, exc.message)
     except Exception:
-        log.exception("operation failed unexpectedly", extra={"worker_id": st.worker_id, "operation": operation})
+        log.exception(
+            "operation failed unexpectedly",
+            extra={"worker_id": st.worker_id, "operation": operation},
+        )
         # A mutation that blew up half-way has an unknown outcome.
         return _error(
             f"{family}_UNAVAILABLE",

@@ -37,16 +37,22 @@ def parse_workspaces(specs: list[str]) -> list[WorkspaceRoot]:
         if not sep or not path:
             raise WorkerConfigError(f"--workspace expects ID=PATH, got {spec!r}")
         if not WORKSPACE_ID.fullmatch(workspace_id):
-            raise WorkerConfigError(f"workspace id {workspace_id!r} is not valid (letters, digits, . _ : -)")
+            raise WorkerConfigError(
+                f"workspace id {workspace_id!r} is not valid (letters, digits, . _ : -)"
+            )
         if not os.path.isdir(path):
-            raise WorkerConfigError(f"workspace {workspace_id}: path {path} does not exist or is not a directory")
+            raise WorkerConfigError(
+                f"workspace {workspace_id}: path {path} does not exist or is not a directory"
+            )
         roots.append(WorkspaceRoot(workspace_id, os.path.realpath(path), OPERATIONS))
     for i, a in enumerate(roots):
         for b in roots[i + 1 :]:
             if a.workspace_id == b.workspace_id:
                 raise WorkerConfigError(f"workspace id {a.workspace_id} is given twice")
             if a.root == b.root:
-                raise WorkerConfigError(f"workspaces {a.workspace_id} and {b.workspace_id} are the same directory")
+                raise WorkerConfigError(
+                    f"workspaces {a.workspace_id} and {b.workspace_id} are the same directory"
+                )
             if _inside(a.root, b.root) or _inside(b.root, a.root):
                 raise WorkerConfigError(f"workspaces {a.workspace_id} and {b.workspace_id} overlap")
     return roots

@@ -24,7 +24,9 @@ class ControlPlane:
             timeout=httpx.Timeout(10.0, connect=3.0),
         )
 
-    def register(self, *, workspaces: list[dict[str, Any]], slots: int, attempts: int = 30) -> dict[str, Any]:
+    def register(
+        self, *, workspaces: list[dict[str, Any]], slots: int, attempts: int = 30
+    ) -> dict[str, Any]:
         """Register, retrying while the API is unreachable; a refusal (4xx) is final."""
         body = {"workerId": self.worker_id, "workspaces": workspaces, "slots": slots}
         for attempt in range(attempts):
@@ -37,7 +39,9 @@ class ControlPlane:
             if response.status_code == 200:
                 return dict(response.json())
             if response.status_code < 500:
-                raise RegistrationRefused(f"registration refused ({response.status_code}): {response.text[:300]}")
+                raise RegistrationRefused(
+                    f"registration refused ({response.status_code}): {response.text[:300]}"
+                )
             time.sleep(min(0.2 * (attempt + 1), 2.0))
         raise RegistrationRefused("the API did not accept the registration; giving up")
 
@@ -45,7 +49,8 @@ class ControlPlane:
         """True: alive. False: this incarnation was replaced. None: the API could not be reached."""
         try:
             response = self.http.post(
-                "/v1/workers/heartbeat", json={"workerId": self.worker_id, "incarnationId": incarnation}
+                "/v1/workers/heartbeat",
+                json={"workerId": self.worker_id, "incarnationId": incarnation},
             )
         except httpx.TransportError:
             return None
@@ -57,6 +62,9 @@ class ControlPlane:
 
     def deregister(self, incarnation: str) -> None:
         try:
-            self.http.post("/v1/workers/deregister", json={"workerId": self.worker_id, "incarnationId": incarnation})
+            self.http.post(
+                "/v1/workers/deregister",
+                json={"workerId": self.worker_id, "incarnationId": incarnation},
+            )
         except httpx.TransportError:
             log.warning("could not deregister; the registration expires by itself")

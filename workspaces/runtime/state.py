@@ -23,8 +23,12 @@ class WorkerState:
     queue: SyncQueue
     # Redis clock minus this host's clock, in ms: deadlines are on Redis's clock.
     clock_offset_ms: float = 0.0
-    seen: dict[int, float] = field(default_factory=dict)  # ticket -> when it may be forgotten (monotonic)
-    dropped: dict[str, int] = field(default_factory=lambda: {"stale": 0, "duplicate": 0, "expired": 0})
+    seen: dict[int, float] = field(
+        default_factory=dict
+    )  # ticket -> when it may be forgotten (monotonic)
+    dropped: dict[str, int] = field(
+        default_factory=lambda: {"stale": 0, "duplicate": 0, "expired": 0}
+    )
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def redis_now_ms(self) -> float:

@@ -14,7 +14,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from admission.connections import sync_queue
 from config.celery import app
 from workspaces.runtime import state as worker_state
-from workspaces.runtime.config import WorkerConfigError, check_slots, default_slots, parse_workspaces
+from workspaces.runtime.config import (
+    WorkerConfigError,
+    check_slots,
+    default_slots,
+    parse_workspaces,
+)
 from workspaces.runtime.control import ControlPlane, RegistrationRefused
 
 log = logging.getLogger("sluice.worker")
@@ -29,12 +34,16 @@ class Command(BaseCommand):
         parser.add_argument("--workspace", action="append", default=[], metavar="ID=PATH")
         parser.add_argument("--linked-worktree-lanes", action="store_true")
         parser.add_argument("--slots", type=int, default=None)
-        parser.add_argument("--api", default=os.environ.get("SLUICE_API_URL", "http://127.0.0.1:8000"))
+        parser.add_argument(
+            "--api", default=os.environ.get("SLUICE_API_URL", "http://127.0.0.1:8000")
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             workspaces = parse_workspaces(options["workspace"])
-            slots = check_slots(options["slots"] if options["slots"] is not None else default_slots())
+            slots = check_slots(
+                options["slots"] if options["slots"] is not None else default_slots()
+            )
         except WorkerConfigError as exc:
             raise CommandError(str(exc)) from None
         if len(workspaces) > 1 and slots == 1:
@@ -43,9 +52,15 @@ class Command(BaseCommand):
                 len(workspaces),
             )
         lanes = bool(options["linked_worktree_lanes"])
-        control = ControlPlane(options["api"], worker_id=options["worker_id"], token=options["token"])
+        control = ControlPlane(
+            options["api"], worker_id=options["worker_id"], token=options["token"]
+        )
         offered = [
-            {"workspaceId": w.workspace_id, "operations": sorted(w.operations), "linkedWorktreeLanes": lanes}
+            {
+                "workspaceId": w.workspace_id,
+                "operations": sorted(w.operations),
+                "linkedWorktreeLanes": lanes,
+            }
             for w in workspaces
         ]
         try:
@@ -100,7 +115,9 @@ class Command(BaseCommand):
         )
         worker.start()
 
-    def _heartbeat(self, control: ControlPlane, state: worker_state.WorkerState, stop: threading.Event) -> None:
+    def _heartbeat(
+        self, control: ControlPlane, state: worker_state.WorkerState, stop: threading.Event
+    ) -> None:
         while not stop.wait(settings.WORKER_HEARTBEAT_S):
             alive = control.heartbeat(state.incarnation)
             if alive is False:

@@ -1,0 +1,160 @@
+"""Time series for the dashboard's history charts, computed in Postgres from the completion log.
+
+Each function is one query over [since, until) of `created_at` (the call's arrival), served
+by the `completion_by_time` index or, with a worker filter, by `completion_by_worker`.
+Buckets come from `date_bin`, so a chart's points line up with the window's step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Sum
+
+from dashboard.window import TABLE, Window, call_lifetime_ms, fetch_rows
+from workspaces.models import Worker
+
+# Outcome categories of the stacked chart, bottom to top, with what each means.
+OUTCOMES = {
+    "ok": "answered 200",
+    "worker_error": "ran; the worker answered an error",
+    "expired": "ASSIGNMENT_EXPIRED: outcome unknown",
+    "queue_timeout": "WORKSPACE_QUEUE_TIMEOUT",
+    "queue_full": "WORKER_QUEUE_FULL",
+    "rate_limited": "rate limited",
+    "cancelled": "cancelled or disconnected",
+    "refused": "refused before queueing (validation, auth, offline ...)",
+}
+_OUTCOME_SQL = """
+    CASE
+        WHEN http_status = 200 THEN 'ok'
+        WHEN admission_outcome IN ('queue_timeout', 'queue_full', 'rate_limited') THEN admission_outcome
+        WHEN admission_outcome = 'cancelled' OR outcome <> 'completed' THEN 'cancelled'
+        WHEN code = 'ASSIGNMENT_EXPIRED' THEN 'expired'
+        WHEN exec_ms IS NOT NULL THEN 'worker_error'
+        ELSE 'refused'
+    END
+"""
+ORIGIN = "TIMESTAMPTZ '2000-01-01 00:00:00+00'"
+
+
+@dataclass(frozen=True)
+class WaitPoint:
+    t: datetime
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    calls: int
+
+
+def wait_percentiles(window: Window) -> list[WaitPoint]:
+    """Queue-wait p50/p95/p99 per bucket over calls that entered a queue (timeouts included)."""
+    sql = f"""
+        SELECT date_bin(%(step)s, created_at, {ORIGIN}) AS t,
+               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY queue_wait_ms),
+               count(*)
+        FROM {TABLE}
+        WHERE created_at >= %(since)s AND created_at < %(until)s {window.worker_sql}
+          AND fencing_ticket IS NOT NULL
+        GROUP BY 1 ORDER BY 1
+    """
+    return [WaitPoint(t, p[0], p[1], p[2], n) for t, p, n in fetch_rows(sql, window.params())]
+
+
+def outcomes(window: Window) -> dict[datetime, dict[str, int]]:
+    """Calls per bucket and outcome category (see OUTCOMES)."""
+    sql = f"""
+        SELECT date_bin(%(step)s, created_at, {ORIGIN}) AS t, {_OUTCOME_SQL} AS category, count(*)
+        FROM {TABLE}
+        WHERE created_at >= %(since)s AND created_at < %(until)s {window.worker_sql}
+        GROUP BY 1, 2 ORDER BY 1
+    """
+    series: dict[datetime, dict[str, int]] = {}
+    for t, category, count in fetch_rows(sql, window.params()):
+        series.setdefault(t, {})[category] = count
+    return series
+
+
+def slot_usage(window: Window) -> list[tuple[datetime, float]]:
+    """Average busy slots per bucket: each admitted call's [admission, end] split over buckets.
+
+    Calls that arrived up to one call lifetime before the window still count for the part of
+    their run inside it.
+    """
+    sql = f"""
+        WITH c AS (
+            SELECT created_at + queue_wait_ms * INTERVAL '1 millisecond' AS s,
+                   created_at + (queue_wait_ms + coalesce(exec_ms, 0)) * INTERVAL '1 millisecond' AS e
+            FROM {TABLE}
+            WHERE created_at >= %(lookback_since)s AND created_at < %(until)s {window.worker_sql}
+              AND slot_index IS NOT NULL AND exec_ms > 0
+        )
+        SELECT b, sum(extract(epoch FROM least(c.e, b + %(step)s) - greatest(c.s, b)))
+        FROM c, generate_series(date_bin(%(step)s, c.s, {ORIGIN}), c.e, %(step)s) AS b
+        WHERE b >= date_bin(%(step)s, %(since)s, {ORIGIN}) AND b < %(until)s AND c.e > b
+        GROUP BY b ORDER BY b
+    """
+    params = window.params() | {
+        "lookback_since": window.since - timedelta(milliseconds=call_lifetime_ms())
+    }
+    step_s = window.step.total_seconds()
+    return [(b, float(busy_s) / step_s) for b, busy_s in fetch_rows(sql, params)]
+
+
+def slot_capacity(window: Window) -> int:
+    """Lease slots of the worker (or of all workers) as negotiated at their last registration."""
+    workers = Worker.objects.all()
+    if window.worker:
+        workers = workers.filter(worker_id=window.worker)
+    return int(workers.aggregate(total=Sum("slots"))["total"] or 0)
+
+
+@dataclass(frozen=True)
+class Contended:
+    worker_id: str
+    workspace_id: str
+    key_hash: str  # "" when grouped by workspace
+    calls: int
+    total_wait_ms: int
+    max_wait_ms: int
+    timeouts: int
+
+
+def top_contended(
+    window: Window, *, by_key: bool, limit: int = 10
+) -> tuple[list[Contended], list[Contended]]:
+    """(top by total queue wait, top by timeouts) of workspaces, or of isolation-key hashes."""
+    key = "isolation_key_hash" if by_key else "''"
+    workspace = "max(workspace_id)" if by_key else "workspace_id"
+    group = "worker_id, isolation_key_hash" if by_key else "worker_id, workspace_id"
+    sql = f"""
+        WITH g AS (
+            SELECT worker_id, {workspace} AS workspace_id, {key} AS key_hash, count(*) AS calls,
+                   sum(queue_wait_ms) AS total_wait, max(queue_wait_ms) AS max_wait,
+                   count(*) FILTER (WHERE admission_outcome = 'queue_timeout') AS timeouts
+            FROM {TABLE}
+            WHERE created_at >= %(since)s AND created_at < %(until)s {window.worker_sql}
+              AND fencing_ticket IS NOT NULL
+            GROUP BY {group}
+        ), r AS (
+            SELECT g.*, row_number() OVER (ORDER BY total_wait DESC) AS by_wait,
+                   row_number() OVER (ORDER BY timeouts DESC, total_wait DESC) AS by_timeouts
+            FROM g
+        )
+        SELECT worker_id, workspace_id, key_hash, calls, total_wait, max_wait, timeouts, by_wait, by_timeouts
+        FROM r WHERE by_wait <= %(limit)s OR (by_timeouts <= %(limit)s AND timeouts > 0)
+    """
+    rows = fetch_rows(sql, window.params() | {"limit": limit})
+    items = [
+        (Contended(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), r[6]), r[7], r[8]) for r in rows
+    ]
+    by_wait = [
+        c
+        for c, rank, _ in sorted(items, key=lambda i: i[1])
+        if rank <= limit and c.total_wait_ms > 0
+    ]
+    by_timeouts = [
+        c for c, _, rank in sorted(items, key=lambda i: i[2]) if rank <= limit and c.timeouts > 0
+    ]
+    return by_wait, by_timeouts

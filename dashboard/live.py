@@ -1,0 +1,220 @@
+"""What every worker's queue holds right now, read from Redis (the admission scripts' own state).
+
+The dashboard's live cards and the `/metrics` gauges both come from here, so they always agree,
+and both are correct across any number of API processes: nothing is kept in process memory.
+Raw isolation-key parts (workspace instance ids, lane names) never leave this module: a busy
+slot is named by the same keyed hash the completion rows carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from admission.connections import sync_queue
+from admission.models import AdmissionPolicy
+from admission.policy import current_policy
+from admission.queue import decode_entry, worker_keys
+from workspaces.models import Worker
+from workspaces.secrets import keyed_hash
+
+# How many characters of an isolation-key hash identify it on screen (rows carry all 32).
+SHORT_HASH = 8
+
+
+def key_hash(worker_id: str, base: str, lane: str) -> str:
+    """The completion rows' isolation_key_hash for a live entry (see admission.services)."""
+    return keyed_hash("isolation", f"{worker_id}\x1f{base}\x1f{lane}")
+
+
+@dataclass(frozen=True)
+class LiveCall:
+    key_hash: str
+    workspace_id: str
+    operation: str
+    age_ms: int  # running: since admission; waiting: since it entered the queue
+
+    @property
+    def key_short(self) -> str:
+        return self.key_hash[:SHORT_HASH]
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    call: LiveCall | None
+
+
+@dataclass(frozen=True)
+class WaitingGroup:
+    """Waiting calls of one isolation key: usually they all queue behind one busy call."""
+
+    key_hash: str
+    workspace_id: str
+    count: int
+    oldest_ms: int
+
+    @property
+    def key_short(self) -> str:
+        return self.key_hash[:SHORT_HASH]
+
+
+@dataclass
+class WorkerCard:
+    worker_id: str
+    online: bool
+    registered: bool
+    capacity: int
+    queue_limit: int
+    heartbeat_age_s: int | None
+    slots: list[Slot] = field(default_factory=list)
+    waiting: int = 0
+    oldest_wait_ms: int = 0
+    waiting_groups: list[WaitingGroup] = field(default_factory=list)
+
+    @property
+    def running(self) -> int:
+        return sum(1 for slot in self.slots if slot.call is not None)
+
+    @property
+    def held(self) -> int:
+        return self.running + self.waiting
+
+    @property
+    def fill_pct(self) -> int:
+        return min(100, round(100 * self.held / self.queue_limit)) if self.queue_limit else 0
+
+
+def _policy_ceilings() -> tuple[int, int]:
+    try:
+        policy = current_policy()
+        return policy.max_lease_slots, policy.worker_queue_limit
+    except Exception:
+        # The dashboard must still show the queues when the policy row cannot be read.
+        env = AdmissionPolicy.from_env()
+        return env.max_lease_slots, env.worker_queue_limit
+
+
+def live_cards(*, worker_ids: list[str] | None = None, client: Any = None) -> list[WorkerCard]:
+    """One card per worker in the Worker table (or the named ones), in one Redis round trip."""
+    workers = list(Worker.objects.order_by("worker_id"))
+    if worker_ids is not None:
+        workers = [w for w in workers if w.worker_id in worker_ids]
+    client = client if client is not None else sync_queue().client
+    ceiling, limit = _policy_ceilings()
+    pipe = client.pipeline(transaction=False)
+    pipe.time()  # The scripts' clock: entry times are Redis TIME, not this host's.
+    for worker in workers:
+        k = worker_keys(settings.REDIS_KEY_PREFIX, worker.worker_id)
+        pipe.hgetall(k.reg)
+        pipe.zrange(k.queue, 0, -1)
+        pipe.hgetall(k.entries)
+    replies = pipe.execute()
+    seconds, micros = replies[0]
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    cards = []
+    for i, worker in enumerate(workers):
+        reg, ids, raw_entries = replies[1 + 3 * i : 4 + 3 * i]
+        entries = [decode_entry(raw_entries[e]) for e in ids if e in raw_entries]
+        cards.append(_card(worker, reg, entries, now_ms=now_ms, ceiling=ceiling, limit=limit))
+    return cards
+
+
+def _card(
+    worker: Worker,
+    reg: dict[str, str],
+    entries: list[dict[str, Any]],
+    *,
+    now_ms: int,
+    ceiling: int,
+    limit: int,
+) -> WorkerCard:
+    registered = bool(reg.get("inc"))
+    capacity = min(int(reg.get("slots") or worker.slots or 0), ceiling) if registered else 0
+    heartbeat_age = None
+    if worker.last_heartbeat_at is not None:
+        heartbeat_age = int((timezone.now() - worker.last_heartbeat_at).total_seconds())
+    card = WorkerCard(
+        worker_id=worker.worker_id,
+        online=registered and worker.is_online,
+        registered=registered,
+        capacity=capacity,
+        queue_limit=limit,
+        heartbeat_age_s=heartbeat_age,
+    )
+    busy: dict[int, LiveCall] = {}
+    groups: dict[str, list[LiveCall]] = {}
+    for e in entries:
+        if int(e.get("dl", 0)) <= now_ms:
+            continue  # Past its deadline: the next script run removes it; it holds nothing.
+        running = e.get("st") == "r"
+        since_ms = int(e.get("ta", now_ms) if running else e.get("t0", now_ms))
+        call = LiveCall(
+            key_hash=key_hash(worker.worker_id, str(e.get("base", "")), str(e.get("lane", ""))),
+            # The workspace id alone, as completion rows show it: never the instance or the lane.
+            workspace_id=str(e.get("base", "")).split("\x1f", 1)[0],
+            operation=str(e.get("op", "")),
+            age_ms=max(0, now_ms - since_ms),
+        )
+        if running:
+            busy[int(e.get("slot", 0))] = call
+        else:
+            groups.setdefault(call.key_hash, []).append(call)
+    slot_count = max([capacity, *(s + 1 for s in busy)])
+    card.slots = [Slot(index=i, call=busy.get(i)) for i in range(slot_count)]
+    waiting = [c for calls in groups.values() for c in calls]
+    card.waiting = len(waiting)
+    card.oldest_wait_ms = max((c.age_ms for c in waiting), default=0)
+    card.waiting_groups = sorted(
+        (
+            WaitingGroup(
+                key_hash=k,
+                workspace_id=calls[0].workspace_id,
+                count=len(calls),
+                oldest_ms=max(c.age_ms for c in calls),
+            )
+            for k, calls in groups.items()
+        ),
+        key=lambda g: (-g.count, -g.oldest_ms),
+    )
+    return card
+
+
+def card_json(card: WorkerCard) -> dict[str, Any]:
+    """The live state as the dashboard's JSON endpoint serves it (short hashes only)."""
+    return {
+        "worker_id": card.worker_id,
+        "online": card.online,
+        "capacity": card.capacity,
+        "running": card.running,
+        "waiting": card.waiting,
+        "held": card.held,
+        "queue_limit": card.queue_limit,
+        "oldest_wait_ms": card.oldest_wait_ms,
+        "heartbeat_age_s": card.heartbeat_age_s,
+        "slots": [
+            {"index": s.index, "busy": False}
+            if s.call is None
+            else {
+                "index": s.index,
+                "busy": True,
+                "key": s.call.key_short,
+                "workspace_id": s.call.workspace_id,
+                "operation": s.call.operation,
+                "elapsed_ms": s.call.age_ms,
+            }
+            for s in card.slots
+        ],
+        "waiting_by_key": [
+            {
+                "key": g.key_short,
+                "workspace_id": g.workspace_id,
+                "count": g.count,
+                "oldest_ms": g.oldest_ms,
+            }
+            for g in card.waiting_groups
+        ],
+    }

@@ -1,0 +1,92 @@
+"""Staff-only pages: the contention dashboard, its live fragment and its JSON.
+
+Signed-out visitors go to the admin login; signed-in users who are not active staff get a
+403, not a login loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from dashboard.live import card_json, live_cards
+from dashboard.panels import history_panels
+from dashboard.window import DEFAULT_RANGE, RANGES, Window, parse_duration
+from workspaces.models import Worker
+
+# The live cards refresh this often (the page's script reads it from the markup).
+LIVE_REFRESH_MS = 2000
+
+View = Callable[..., HttpResponse]
+
+
+def staff_required(view: View) -> View:
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        user = request.user
+        if not user.is_authenticated:
+            return redirect_to_login(request.get_full_path(), reverse("admin:login"))
+        if not (user.is_active and user.is_staff):
+            return render(request, "dashboard/forbidden.html", status=403)
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _window(request: HttpRequest) -> tuple[Window, str]:
+    chosen = request.GET.get("range", DEFAULT_RANGE)
+    if chosen not in RANGES:
+        chosen = DEFAULT_RANGE
+    worker = request.GET.get("worker", "").strip()[:128] or None
+    return Window.last(parse_duration(chosen), worker=worker), chosen
+
+
+def _step_label(window: Window) -> str:
+    minutes = int(window.step.total_seconds() // 60)
+    return (
+        "minute" if minutes == 1 else f"{minutes} minutes" if minutes < 60 else f"{minutes // 60} h"
+    )
+
+
+@require_GET
+@never_cache
+@staff_required
+def dashboard_index(request: HttpRequest) -> HttpResponse:
+    window, chosen = _window(request)
+    context = {
+        "cards": live_cards(),
+        "history": history_panels(window),
+        "ranges": RANGES,
+        "chosen_range": chosen,
+        "workers": list(Worker.objects.order_by("worker_id").values_list("worker_id", flat=True)),
+        "refresh_ms": LIVE_REFRESH_MS,
+        "refresh_s": LIVE_REFRESH_MS // 1000,
+        "step_label": _step_label(window),
+        "now": timezone.now(),
+    }
+    return render(request, "dashboard/index.html", context)
+
+
+@require_GET
+@never_cache
+@staff_required
+def live_fragment(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/_live.html", {"cards": live_cards(), "now": timezone.now()})
+
+
+@require_GET
+@never_cache
+@staff_required
+def live_json(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(
+        {"at": timezone.now().isoformat(), "workers": [card_json(c) for c in live_cards()]}
+    )

@@ -1,0 +1,97 @@
+"""The time window a history view or report covers: `--since 1h`, `?range=24h`, a worker filter."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from admission.models import AdmissionPolicy, CompletionLog
+from admission.policy import current_policy
+
+# The ranges the dashboard offers; contention_report takes any duration.
+RANGES = {"15m": "15 min", "1h": "1 hour", "6h": "6 hours", "24h": "24 hours", "7d": "7 days"}
+DEFAULT_RANGE = "1h"
+# A chart gets at most this many buckets: one a minute up to 24 h, coarser beyond.
+MAX_BUCKETS = 1440
+_STEPS_S = (60, 300, 600, 1800, 3600, 6 * 3600, 86400)
+_DURATION_RE = re.compile(r"([1-9][0-9]{0,5})([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+TABLE = CompletionLog._meta.db_table
+
+
+def fetch_rows(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90s', '15m', '1h', '7d' -> timedelta; ValueError with a readable reason otherwise."""
+    match = _DURATION_RE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"expected a duration such as 15m, 1h or 7d, not {text!r}")
+    seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds > 400 * 86400:
+        raise ValueError("a window longer than 400 days is not useful")
+    return timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Window:
+    since: datetime
+    until: datetime
+    worker: str | None = None
+
+    @classmethod
+    def last(
+        cls, span: timedelta, *, worker: str | None = None, now: datetime | None = None
+    ) -> Window:
+        until = now or timezone.now()
+        return cls(since=until - span, until=until, worker=worker or None)
+
+    @property
+    def span(self) -> timedelta:
+        return self.until - self.since
+
+    @property
+    def step(self) -> timedelta:
+        """Bucket width: a minute when that gives at most MAX_BUCKETS buckets."""
+        span_s = self.span.total_seconds()
+        return timedelta(
+            seconds=next((s for s in _STEPS_S if span_s / s <= MAX_BUCKETS), _STEPS_S[-1])
+        )
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "since": self.since,
+            "until": self.until,
+            "worker": self.worker or "",
+            "step": self.step,
+        }
+
+    @property
+    def worker_sql(self) -> str:
+        """An extra WHERE term; the (worker_id, created_at) index serves it."""
+        return "AND worker_id = %(worker)s" if self.worker else ""
+
+
+def call_lifetime_ms() -> int:
+    """The longest a call can live (its queue budget plus its exec budget), for overlap lookbacks.
+
+    A holder that started this long before a timed-out call arrived cannot have still held a
+    slot when it did, so the overlap searches never scan further back than this.
+    """
+    try:
+        policy = current_policy()
+        queue_ms, job_ms = policy.queue_ceiling_ms, policy.job_timeout_ms
+    except Exception:
+        env = AdmissionPolicy.from_env()
+        queue_ms, job_ms = env.queue_ceiling_ms, env.job_timeout_ms
+    # +5 s: a command's settle allowance (contract §2.3); +5 s of clock slack between API hosts.
+    return queue_ms + job_ms + 10_000

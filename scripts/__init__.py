@@ -1,0 +1,1 @@
+"""Developer scripts (`make run` runs `python -m scripts.dev`)."""

@@ -1,0 +1,84 @@
+"""Demo data for `make run`: two git checkouts under var/demo/ and the admin password.
+
+Everything here is made once and reused on later runs.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+from pathlib import Path
+
+from scripts.devprocs import VAR
+
+APP_FILES = {
+    # The linked worktrees live inside the checkout; git must not list them as untracked.
+    ".gitignore": ".worktrees/\n",
+    "README.md": "# Demo app\n\nA tiny project for trying Sluice's workspace tools.\n",
+    "src/app.py": 'from util import greet\n\n\nif __name__ == "__main__":\n    print(greet("Sluice"))\n',
+    "src/util.py": 'def greet(name: str) -> str:\n    return f"Hello, {name}!"\n',
+    "tests/test_util.py": 'from util import greet\n\n\ndef test_greet():\n    assert greet("x") == "Hello, x!"\n',
+}
+DOCS_FILES = {
+    "index.md": "# Docs\n\nSee [the guide](guide.md).\n",
+    "guide.md": "# Guide\n\n1. Read a file.\n2. Search for text.\n3. Edit a file.\n",
+}
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=Sluice demo", "-c", "user.email=demo@sluice.invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def demo_repo(path: Path, files: dict[str, str]) -> None:
+    if (path / ".git").exists():
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    for name, text in files.items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "Demo files")
+
+
+def demo_lane(root: Path, name: str) -> None:
+    """A real linked worktree at <root>/.worktrees/<name>, with one commit of its own."""
+    lane = root / ".worktrees" / name
+    if (lane / ".git").is_file():
+        return
+    git(root, "worktree", "prune")  # Forget a lane whose directory was deleted by hand.
+    if git(root, "branch", "--list", name).strip():
+        git(root, "worktree", "add", "-q", f".worktrees/{name}", name)
+        return
+    git(root, "worktree", "add", "-q", "-b", name, f".worktrees/{name}")
+    (lane / "FEATURE.md").write_text(f"# {name}\n\nWork in progress on the {name} branch.\n")
+    git(lane, "add", "-A")
+    git(lane, "commit", "-q", "-m", f"Start {name}")
+
+
+def demo_workspaces() -> dict[str, Path]:
+    """Workspace id -> checkout: `app` (with lane `feature`) and `docs`."""
+    app, docs = VAR / "demo" / "app", VAR / "demo" / "docs"
+    demo_repo(app, APP_FILES)
+    demo_lane(app, "feature")
+    demo_repo(docs, DOCS_FILES)
+    return {"app": app, "docs": docs}
+
+
+def admin_password() -> str:
+    """Made on the first run and kept in var/admin-password.txt, readable by this user only."""
+    path = VAR / "admin-password.txt"
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    password = secrets.token_urlsafe(12)
+    VAR.mkdir(exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(password + "\n")
+    return password

