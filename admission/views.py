@@ -133,6 +133,13 @@ def _database_unavailable(draft: CompletionDraft) -> ApiError:
     )
 
 
+def _with_budget_headers(response: HttpResponse, call: Call | None) -> HttpResponse:
+    """A call that passed the rate limit carries its budget headers whatever its answer."""
+    for name, value in (call.response_headers if call is not None else {}).items():
+        response.setdefault(name, value)
+    return response
+
+
 @csrf_exempt
 async def execute(request: HttpRequest) -> HttpResponse:
     draft = CompletionDraft()
@@ -182,16 +189,12 @@ async def execute(request: HttpRequest) -> HttpResponse:
     except ApiError as exc:
         _fill_known(request, draft)
         draft.finish(exc.status, exc.code)
-        answer = exc.response()
-        # A call that passed the rate limit carries its budget headers whatever its answer.
-        for name, value in (call.response_headers if call is not None else {}).items():
-            answer.setdefault(name, value)
-        return answer
+        return _with_budget_headers(exc.response(), call)
     except (DatabaseError, InterfaceError):
         _fill_known(request, draft)
         error = _database_unavailable(draft)
         draft.finish(error.status, error.code)
-        return error.response()
+        return _with_budget_headers(error.response(), call)
     except asyncio.CancelledError:
         draft.outcome = "disconnected"
         draft.finish(499, "CLIENT_DISCONNECTED")

@@ -47,9 +47,14 @@ def _api_caches_forget_this_modules_policies() -> Iterator[None]:
     time.sleep(POLICY_SETTLE_S)
 
 
-def apply_policy(changes: dict[str, str]) -> None:
+def change_policy(changes: dict[str, str]) -> float:
+    """Store the change; returns the monotonic moment every API process is sure to see it."""
     policy_update(changes)
-    time.sleep(POLICY_SETTLE_S)
+    return time.monotonic() + POLICY_SETTLE_S
+
+
+def apply_policy(changes: dict[str, str]) -> None:
+    sleep_until(change_policy(changes))
 
 
 def call_headers(
@@ -133,8 +138,9 @@ def test_50_concurrent_calls_across_two_api_processes_let_exactly_10_through(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
+    sleep_until(live_at)
 
     responses = burst(api_servers, call_headers(owner), read("a"), threads=10, each=5)
 
@@ -158,8 +164,9 @@ def test_two_api_keys_of_one_user_share_a_budget_and_a_second_user_has_their_own
     owner = account_factory()
     member = account_factory(tenant=owner.tenant, user="member")
     owner_second_key = second_api_key(owner)
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
+    sleep_until(live_at)
     first, second = api_servers
 
     by_first_key = [post(first, call_headers(owner), read("a")) for _ in range(6)]
@@ -183,9 +190,10 @@ def test_the_call_passes_after_retry_after_seconds_and_not_just_before(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
     # One unit every 2 s: the burst's first unit is back exactly 2 s after it was taken.
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "2/4s"})
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "2/4s"})
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
+    sleep_until(live_at)
     first, second = api_servers
 
     burst_started = time.monotonic()
@@ -212,14 +220,15 @@ def test_an_execute_command_of_weight_5_passes_twice_under_10_per_30s(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
     row = policy_row()
     row.rate_limit = "10/30s"
     row.operation_weights = {**row.operation_weights, "execute_command": 5}
     row.full_clean()
     row.save()
     forget_cached_policy()
-    time.sleep(POLICY_SETTLE_S)
+    live_at = time.monotonic() + POLICY_SETTLE_S
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
+    sleep_until(live_at)
 
     responses = burst(api_servers, call_headers(owner), command("a", "echo hi"), threads=6, each=1)
 
@@ -241,8 +250,9 @@ def test_a_limited_call_leaves_a_rate_limited_completion_row(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "1/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "1/30s"})
+    sleep_until(live_at)
     ok_id, limited_id = "ratelimit-e2e-allowed-01", "ratelimit-e2e-limited-01"
 
     allowed = post(
@@ -277,8 +287,9 @@ def test_a_refused_call_never_touches_the_workers_queue(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "3/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "3/30s"})
+    sleep_until(live_at)
     before = ticket_counter(owner.worker_id)
 
     allowed = [post(api, call_headers(owner), read("a")) for _ in range(3)]
@@ -293,7 +304,7 @@ def test_a_refused_call_never_touches_the_workers_queue(
 
 
 def test_with_redis_down_the_endpoint_answers_a_typed_503_not_a_500_or_a_pass(
-    live_env, api, account_factory, transactional_db
+    live_env, account_factory
 ):
     owner = account_factory()
     policy_update(
@@ -364,7 +375,6 @@ def test_set_policy_enabled_off_lets_15_calls_through_under_10_per_30s(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
     out = io.StringIO()
     call_command(
         "set_policy",
@@ -373,7 +383,9 @@ def test_set_policy_enabled_off_lets_15_calls_through_under_10_per_30s(
         stdout=out,
     )
     assert "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED=off" in out.getvalue()
-    time.sleep(POLICY_SETTLE_S)
+    live_at = time.monotonic() + POLICY_SETTLE_S
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
+    sleep_until(live_at)
 
     responses = burst(api_servers, call_headers(owner), read("a"), threads=5, each=3)
     assert [r.status_code for r in responses] == [200] * 15, [r.text for r in responses]
@@ -389,9 +401,10 @@ def test_a_40_call_burst_is_never_limited_under_the_default_policy(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
     # The contract's default, set explicitly in case the environment configures another one.
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "120/30s"})
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "120/30s"})
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
+    sleep_until(live_at)
 
     responses = burst(api_servers, call_headers(owner), read("a"), threads=10, each=4)
 
@@ -409,8 +422,9 @@ def test_a_rate_limited_call_can_be_resent_with_its_request_id_after_the_wait(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "1/1s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "1/1s"})
+    sleep_until(live_at)
     named = call_headers(owner) | {"X-LibreChat-Workspace-Request-Id": "ratelimit-e2e-resend-01"}
 
     assert post(api, call_headers(owner), read("a")).status_code == 200
@@ -425,8 +439,9 @@ def test_a_rate_limited_duplicate_request_id_leaves_the_waiting_call_cancellable
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "2/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "2/30s"})
+    sleep_until(live_at)
     marker = tmp_path / "never"
     waiting_id = "ratelimit-e2e-waiting-01"
     named = call_headers(owner) | {"X-LibreChat-Workspace-Request-Id": waiting_id}
@@ -450,8 +465,9 @@ def test_an_allowed_call_that_the_worker_refuses_still_carries_the_budget_header
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
+    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
-    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
+    sleep_until(live_at)
 
     missing = post(api, call_headers(owner), read("a", "no-such-file.txt"))
     assert (missing.status_code, missing.json()["code"]) == (422, "NOT_FOUND"), missing.text

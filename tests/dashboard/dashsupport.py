@@ -19,8 +19,11 @@ EXECUTE = "/v1/workspace-tools/execute"
 
 def command(workspace: str, text: str, *, timeout_ms: int = 30_000) -> dict[str, Any]:
     return {
-        "protocolVersion": 1, "operation": "execute_command", "workspaceId": workspace,
-        "command": text, "timeoutMs": timeout_ms,
+        "protocolVersion": 1,
+        "operation": "execute_command",
+        "workspaceId": workspace,
+        "command": text,
+        "timeoutMs": timeout_ms,
     }
 
 
@@ -47,7 +50,9 @@ class Calls:
         with httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(60.0, connect=5.0)) as http:
             return http.post(EXECUTE, json=body, headers=headers)
 
-    def submit(self, body: dict[str, Any], *, rid: str, wait_ms: int | None = None) -> Future[httpx.Response]:
+    def submit(
+        self, body: dict[str, Any], *, rid: str, wait_ms: int | None = None
+    ) -> Future[httpx.Response]:
         return self.pool.submit(self.send, body, rid=rid, wait_ms=wait_ms)
 
     def close(self) -> None:
@@ -64,7 +69,9 @@ def queue_entries(worker_id: str, prefix: str | None = None) -> list[dict[str, A
     return entries
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 15.0, interval_s: float = 0.05) -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout_s: float = 15.0, interval_s: float = 0.05
+) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()

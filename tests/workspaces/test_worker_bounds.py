@@ -158,6 +158,12 @@ def test_values_on_each_bound_run_on_the_worker(http, owner, worker, repo):
         if response.status_code != 200 or ticket_counter(owner.worker_id) != before + 1:
             failures.append((case, response.status_code, response.text[:200]))
     assert failures == []
+    # At the bound the worker does the whole job, not a cut-down one: 500 of the 600 lines.
+    window = call(http, owner, request("read_file", path="a.txt", maxLines=500)).json()
+    assert (window["endLine"], window["truncated"], window["nextStartLine"]) == (500, True, 501)
+    assert window["content"] == "".join(f"{n}\n" for n in range(1, 501))
+    listed = call(http, owner, request("search_text", query="1", maxResults=200)).json()
+    assert (len(listed["matches"]), listed["truncated"]) == (200, True)
 
 
 def test_values_past_each_bound_are_400_and_never_reach_the_worker(http, owner, worker, repo):
