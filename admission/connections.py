@@ -25,11 +25,11 @@ _async: dict[int, AsyncQueue] = {}
 
 
 def _client_kwargs() -> dict[str, Any]:
-    # No socket_timeout: BLPOP waits up to the call's own deadline. Connecting is bounded.
-    # One quick retry, then the error: an outage must become a prompt typed 503, not a 5 s stall.
+    # One quick retry, then the error: an outage must become a prompt typed 503, not a stall.
     return {
         "decode_responses": True,
         "socket_connect_timeout": 1,
+        "socket_timeout": 5,
         "health_check_interval": 30,
         "retry": Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
     }
@@ -55,8 +55,17 @@ def async_queue() -> AsyncQueue:
     loop = asyncio.get_running_loop()
     queue = _async.get(id(loop))
     if queue is None:
-        client = aioredis.Redis.from_url(
-            settings.ADMISSION_REDIS_URL, max_connections=20_000, **_async_kwargs()
+        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, **_async_kwargs())
+        # Blocking pops (one connection per waiting call) wait up to the call's own deadline:
+        # no socket timeout, and no retry that could re-send a pop whose element was taken.
+        blocking = aioredis.Redis.from_url(
+            settings.ADMISSION_REDIS_URL,
+            decode_responses=True,
+            socket_connect_timeout=1,
+            socket_timeout=None,
+            socket_keepalive=True,
+            max_connections=20_000,
+            retry=AsyncRetry(ExponentialBackoff(cap=0.05, base=0.01), 0),
         )
-        queue = _async[id(loop)] = AsyncQueue(client, settings.REDIS_KEY_PREFIX)
+        queue = _async[id(loop)] = AsyncQueue(client, settings.REDIS_KEY_PREFIX, blocking=blocking)
     return queue

@@ -118,8 +118,11 @@ def decode_entry(raw: Any) -> dict[str, Any]:
 
 
 class _Scripts:
-    def __init__(self, client: Any, prefix: str) -> None:
+    def __init__(self, client: Any, prefix: str, *, blocking: Any = None) -> None:
         self.client = client
+        # Blocking pops wait up to a call's whole deadline, so they use a client without a
+        # socket timeout; a timed-out socket could lose an element Redis already popped.
+        self.blocking = blocking if blocking is not None else client
         self.prefix = prefix
         self.scripts = {
             name: register(client, name, with_common=True) for name in ADMISSION_SCRIPTS
@@ -169,7 +172,7 @@ class AsyncQueue(_Scripts):
     ) -> dict[str, Any] | None:
         """Block until something is pushed for this entry, or the timeout passes (None)."""
         timeout_s = max(timeout_ms, 1) / 1000
-        popped = await self.client.blpop([self.keys(worker_id).wake(entry_id)], timeout=timeout_s)
+        popped = await self.blocking.blpop([self.keys(worker_id).wake(entry_id)], timeout=timeout_s)
         if popped is None:
             return None
         return dict(json.loads(popped[1]))

@@ -224,17 +224,18 @@ async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, A
             raise ApiError(
                 502,
                 "RESULT_INVALID",
-                f"The worker's result broke the protocol ({exc.message}); it may have run.",
+                "The worker's result broke the protocol and was not forwarded; the operation may have run.",
             ) from None
         assert isinstance(result, dict)
         return result
     try:
         status, code, text = validate_error_result(message.get("error"))
     except ProtocolError as exc:
+        log.warning("worker error refused", extra={"worker_id": call.worker_id, "reason": exc.message})
         raise ApiError(
             502,
             "RESULT_INVALID",
-            f"The worker's error broke the protocol ({exc.message}); it may have run.",
+            "The worker's error answer broke the protocol and was not forwarded; the operation may have run.",
         ) from None
     if message.get("quarantine") is True and call.operation in MUTATING_OPERATIONS:
         await sync_to_async(quarantine_key, thread_sensitive=False)(call=call, reason=text)

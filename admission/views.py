@@ -12,7 +12,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, InterfaceError
+from django.db import DatabaseError, InterfaceError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
@@ -133,6 +133,20 @@ def _database_unavailable(draft: CompletionDraft) -> ApiError:
     )
 
 
+def _resolve(**kwargs: Any) -> Any:
+    """call_resolve, in a pool thread, on a connection that works if Postgres does.
+
+    A persistent connection that broke while Postgres was away stays broken in its pool thread
+    (nothing else closes it there), so every later call on that thread would answer 503 after
+    Postgres is back. Only a connection that already failed is checked: no extra round trip
+    on the happy path.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.errors_occurred:
+            conn.close_if_unusable_or_obsolete()
+    return call_resolve(**kwargs)
+
+
 def _with_budget_headers(response: HttpResponse, call: Call | None) -> HttpResponse:
     """A call that passed the rate limit carries its budget headers whatever its answer."""
     for name, value in (call.response_headers if call is not None else {}).items():
@@ -158,7 +172,7 @@ async def execute(request: HttpRequest) -> HttpResponse:
             parsed = _parse(request, draft)
         except ApiError as exc:
             invalid = exc
-        resolved = await sync_to_async(call_resolve, thread_sensitive=False)(
+        resolved = await sync_to_async(_resolve, thread_sensitive=False)(
             token=bearer_token(request.headers.get("Authorization")),
             worker_id=parsed[1] if parsed else None,
             request=parsed[0] if parsed else None,

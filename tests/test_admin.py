@@ -453,3 +453,17 @@ def test_a_tenants_default_worker_can_only_be_one_of_its_own(
     assert accepted.status_code == 302
     tenant.refresh_from_db()
     assert tenant.default_worker == own
+
+
+def test_a_worker_added_in_admin_gets_a_token_shown_once(
+    admin_client: Client, tenant: Tenant
+) -> None:
+    response = admin_client.post(
+        "/admin/workspaces/worker/add/",
+        {"worker_id": "added-by-hand", "tenant": tenant.pk},
+        follow=True,
+    )
+    tokens = re.findall(r"slw_[0-9a-f]{8}_[A-Za-z0-9_-]+", " ".join(messages_of(response)))
+    assert len(tokens) == 1
+    added = Worker.objects.get(worker_id="added-by-hand")
+    assert added.token_hash == hashlib.sha256(tokens[0].encode()).hexdigest()

@@ -250,6 +250,10 @@ class WorkerAdmin(admin.ModelAdmin):
     inlines = [WorkerWorkspaceInline]
     actions = ["rotate_token"]
 
+    def get_inlines(self, request: HttpRequest, obj: Worker | None) -> Any:
+        # A worker being added has registered nothing yet.
+        return self.inlines if obj is not None else []
+
     @admin.display(description="online", boolean=True)
     def online(self, obj: Worker) -> bool:
         return obj.is_online

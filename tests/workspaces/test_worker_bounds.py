@@ -30,7 +30,8 @@ INVALID = "INVALID_WORKSPACE_TOOL_REQUEST"
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return git_workspace(
-        tmp_path / "repo", files={"a.txt": "".join(f"{n}\n" for n in range(1, 601))}
+        tmp_path / "repo",
+        files={"a.txt": "".join(f"{n}\n" for n in range(1, 601)), "many.txt": "match\n" * 300},
     )
 
 
@@ -162,8 +163,9 @@ def test_values_on_each_bound_run_on_the_worker(http, owner, worker, repo):
     window = call(http, owner, request("read_file", path="a.txt", maxLines=500)).json()
     assert (window["endLine"], window["truncated"], window["nextStartLine"]) == (500, True, 501)
     assert window["content"] == "".join(f"{n}\n" for n in range(1, 501))
-    listed = call(http, owner, request("search_text", query="1", maxResults=200)).json()
-    assert (len(listed["matches"]), listed["truncated"]) == (200, True)
+    found = call(http, owner, request("search_text", query="match", maxResults=200)).json()
+    assert (len(found["matches"]), found["truncated"]) == (200, True)
+    assert found["matches"][-1] == {"path": "many.txt", "line": 200, "column": 1, "text": "match"}
 
 
 def test_values_past_each_bound_are_400_and_never_reach_the_worker(http, owner, worker, repo):

@@ -116,12 +116,6 @@ def test_a_4096_char_path_reaches_the_worker_and_4097_does_not(http, owner, work
     assert ticket_counter(owner.worker_id) == before + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the worker's refusal quotes the whole path (operations/paths.py describe()), so for a "
-    "path near 4096 chars its message exceeds MAX_ERROR_CHARS and the API answers 502 RESULT_INVALID "
-    "('it may have run') instead of the worker's 422",
-)
 def test_a_worker_refusal_of_a_4096_char_path_is_a_typed_422(http, owner, worker, repo):
     response = call(http, owner, request("read_file", path=LONGEST_PATH))
     # Today: 502 RESULT_INVALID, "The worker's error broke the protocol (worker error: error must be
@@ -187,3 +181,20 @@ def test_a_cwd_that_escapes_through_a_symlink_is_422_and_the_command_never_runs(
     )
     assert not (outside / "ran-outside").exists()
     assert not (repo / "ran-outside").exists()
+
+
+def test_writes_into_git_metadata_are_422_and_change_nothing(http, owner, worker, repo):
+    # A hook or a config change would run code the next time anyone uses git here.
+    config = (repo / ".git/config").read_text()
+    refused_by_the_worker(
+        http, owner, request("write_file", path=".git/hooks/pre-commit", content="#!/bin/sh\n")
+    )
+    refused_by_the_worker(
+        http,
+        owner,
+        request(
+            "edit_file", path=".git/config", edits=[{"oldText": "[core]", "newText": "[core]\n"}]
+        ),
+    )
+    assert not (repo / ".git/hooks/pre-commit").exists()
+    assert (repo / ".git/config").read_text() == config

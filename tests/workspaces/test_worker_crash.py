@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from livesupport import ApiServer, Worker, git_workspace
-from workerkit import call, request
+from workerkit import call, request, ticket_counter
 
 from workspaces.models import Worker as WorkerRow
 
@@ -77,12 +77,6 @@ def incarnation_row(worker_id: str) -> str:
     return WorkerRow.objects.get(worker_id=worker_id).incarnation_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the 504 comes at ~10 s, not at the 7 s deadline + 0.5 s grace: the API's BLPOP for the "
-    "result dies on redis-py 8's default 5 s socket timeout (admission/connections.py sets none), is "
-    "retried once, and the second RedisError becomes the 504",
-)
 def test_a_worker_killed_mid_command_gives_504_at_the_deadline_and_never_runs_it_again(
     http, owner, worker, repo, marker
 ):
@@ -151,3 +145,28 @@ def test_a_restarted_worker_gets_a_new_incarnation(http, owner, worker, repo):
     assert worker.incarnation != first
     assert incarnation_row(owner.worker_id) == worker.incarnation
     assert call(http, owner, request("read_file", path="README.md")).status_code == 200
+
+
+def test_sigterm_finishes_the_running_call_and_tells_waiting_calls_offline(
+    http, owner, repo, worker_factory
+):
+    worker = worker_factory(owner, {"repo": repo}, slots=1)
+    running = request("execute_command", command="echo started > ../started; sleep 1.5; echo done")
+    waiting = request("read_file", path="README.md")
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(call, http, owner, running)
+        wait_until_exists(repo.parent / "started")
+        # Same workspace, one slot: this call waits in the worker's queue.
+        second = pool.submit(call, http, owner, waiting)
+        deadline = time.monotonic() + 5
+        while ticket_counter(owner.worker_id) < 2:
+            assert time.monotonic() < deadline, "the second call never entered the queue"
+            time.sleep(0.01)
+        assert worker.process is not None
+        worker.process.signal(signal.SIGTERM)
+        finished, refused = first.result(timeout=30), second.result(timeout=30)
+    assert worker.process.proc.wait(timeout=30) == 0
+    assert (finished.status_code, finished.json()["stdout"]) == (200, "done\n")
+    assert (refused.status_code, refused.json()["code"]) == (503, "WORKER_OFFLINE")
+    assert "not started" in refused.json()["error"]
+    assert incarnation_row(owner.worker_id) == ""

@@ -162,12 +162,6 @@ def test_a_hostile_worker_result_is_502_and_never_forwarded(http, owner, worker)
         assert (case, discarded_settlements(owner.worker_id, number)) == (case, number)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the 502 message quotes the hostile result's unknown key name (protocol._check_object "
-    "-> 'unknown field <key>' -> services._settlement_answer), so a worker can put up to 64 "
-    "characters of its own text in front of the client",
-)
 def test_a_hostile_result_key_name_never_reaches_the_client(http, owner, worker):
     payload = {
         "t": "result",

@@ -24,8 +24,17 @@ from sluice_client.protocol import is_safe_relative_path
 from workspaces.operations.errors import OperationError, check_deadline
 
 
+# Messages quote at most this much of a path: a 4096-character path must not push a refusal
+# past the protocol's limit on error text (which would turn a 422 into a 502).
+DESCRIBE_MAX_CHARS = 200
+
+
 def describe(rel: str) -> str:
-    return f"'{rel}'" if rel else "the workspace root"
+    if not rel:
+        return "the workspace root"
+    if len(rel) > DESCRIBE_MAX_CHARS:
+        rel = rel[: DESCRIBE_MAX_CHARS // 2] + "…" + rel[-DESCRIBE_MAX_CHARS // 2 :]
+    return f"'{rel}'"
 
 
 def is_inside(real: str, root: str) -> bool:

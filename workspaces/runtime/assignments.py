@@ -6,7 +6,7 @@ import logging
 import time
 from typing import Any
 
-from sluice_client.protocol import MUTATING_OPERATIONS
+from sluice_client.protocol import MAX_ERROR_CHARS, MUTATING_OPERATIONS
 
 from workspaces.operations import OperationError, OutcomeUnknown, resolve_lane, run_operation
 from workspaces.runtime import state as worker_state
@@ -26,10 +26,11 @@ def _family(operation: str) -> str:
 
 
 def _error(code: str, message: str, *, quarantine: bool = False) -> dict[str, Any]:
+    text = message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 1] + "…"
     return {
         "t": "result",
         "ok": False,
-        "error": {"error": message, "code": code},
+        "error": {"error": text, "code": code},
         "quarantine": quarantine,
     }
 

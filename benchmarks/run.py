@@ -1,0 +1,38 @@
+"""`make bench`: every benchmark, one after another, each printing its own figures.
+
+Benchmarks report; they never pass or fail on a time. Run one alone with
+`.venv/bin/python benchmarks/<name>.py`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = [
+    ("rate limiter: added latency and Redis commands per call", "ratelimit.py", []),
+    ("round trip: HTTP -> Celery -> worker -> result vs in-process", "roundtrip.py", []),
+    ("admission: hand-off, Redis commands per call, 1,000 waiters, throughput", "admission.py", []),
+    ("dashboard queries on 1,000,000 completion rows", "dashboard_queries.py", []),
+]
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv[1:]
+    failed = []
+    for title, script, args in BENCHMARKS:
+        print(f"\n=== {title} ({script})", flush=True)
+        extra = ["--quick"] if quick and script == "admission.py" else []
+        code = subprocess.call([sys.executable, str(HERE / script), *args, *extra])
+        if code != 0:
+            failed.append(script)
+    if failed:
+        print(f"\nbenchmarks that did not complete: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
