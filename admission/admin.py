@@ -19,7 +19,6 @@ from sluice_client.protocol import OPERATIONS
 
 from admission.models import AdmissionPolicy, CompletionLog, Quarantine
 from admission.policy import forget_cached_policy, policy_row
-from admission.ratelimit import RatePolicy
 
 # ---------------------------------------------------------------------------------------
 # Admission policy
@@ -39,30 +38,6 @@ class AdmissionPolicyForm(forms.ModelForm):
             "rate_limit_enabled",
             "operation_weights",
         ]
-
-    def clean(self) -> dict[str, Any]:
-        cleaned: dict[str, Any] = super().clean() or {}
-        rate_text, weights = cleaned.get("rate_limit"), cleaned.get("operation_weights")
-        if not isinstance(rate_text, str) or not isinstance(weights, dict):
-            return cleaned  # The field's own error already explains what is wrong.
-        try:
-            rate = RatePolicy.parse(rate_text)
-        except ValueError:
-            return cleaned  # Reported on the rate_limit field by its validator.
-        too_heavy = sorted(
-            (op, w)
-            for op, w in weights.items()
-            if isinstance(w, int) and not isinstance(w, bool) and w > rate.limit
-        )
-        if too_heavy:
-            listed = ", ".join(f"{op} ({w})" for op, w in too_heavy)
-            # A call that costs more than the whole budget would be refused forever.
-            self.add_error(
-                "operation_weights",
-                f"Weights above the rate limit's {rate.limit} units per {rate.window_s}s can never be "
-                f"paid, so those calls would always get 429: {listed}. Lower them or raise the limit.",
-            )
-        return cleaned
 
 
 class AdmissionPolicyAdmin(admin.ModelAdmin):

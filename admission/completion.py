@@ -95,7 +95,15 @@ def _encode(data: dict[str, Any]) -> dict[str, str]:
     return {k: "" if v is None else str(v) for k, v in data.items()}
 
 
-_INT_FIELDS = {"http_status", "queue_wait_ms", "slot_index", "exec_ms", "duration_ms", "deadline_budget_ms", "fencing_ticket"}
+_INT_FIELDS = {
+    "http_status",
+    "queue_wait_ms",
+    "slot_index",
+    "exec_ms",
+    "duration_ms",
+    "deadline_budget_ms",
+    "fencing_ticket",
+}
 
 
 def _decode(fields: dict[str, str]) -> dict[str, Any]:
@@ -117,7 +125,23 @@ def _decode(fields: dict[str, str]) -> dict[str, Any]:
 # No isolation keys or principals ever appear in a field.
 
 # Histogram upper bounds in seconds, up to the 300 s ceilings of waiting and of commands.
-METRIC_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+METRIC_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 _REASONS = {
     "WORKER_QUEUE_FULL": "queue_full",
     "WORKSPACE_QUEUE_TIMEOUT": "queue_timeout",
@@ -153,7 +177,9 @@ def rejection_reason(data: dict[str, Any]) -> str | None:
 def metric_bucket(value_ms: int) -> int:
     """Index of the first bucket holding value_ms; len(METRIC_BUCKETS_S) is +Inf."""
     seconds = value_ms / 1000
-    return next((i for i, le in enumerate(METRIC_BUCKETS_S) if seconds <= le), len(METRIC_BUCKETS_S))
+    return next(
+        (i for i, le in enumerate(METRIC_BUCKETS_S) if seconds <= le), len(METRIC_BUCKETS_S)
+    )
 
 
 def metrics_record(pipe: Any, data: dict[str, Any]) -> None:
@@ -180,7 +206,9 @@ def _observe(pipe: Any, key: str, name: str, value_ms: int) -> None:
 
 async def completion_emit(draft: CompletionDraft, client: Any) -> None:
     data = draft.row()
-    log.info("Workspace tool request completed", extra={k: v for k, v in data.items() if k != "started"})
+    log.info(
+        "Workspace tool request completed", extra={k: v for k, v in data.items() if k != "started"}
+    )
     try:
         # One round trip: the row and its metrics. Not a transaction: if the metrics part
         # failed after the XADD, the fallback below writes the row once more, and its unique
@@ -190,7 +218,9 @@ async def completion_emit(draft: CompletionDraft, client: Any) -> None:
         metrics_record(pipe, data)
         await pipe.execute()
     except Exception:
-        log.warning("completion stream unavailable; writing the row to Postgres directly", exc_info=True)
+        log.warning(
+            "completion stream unavailable; writing the row to Postgres directly", exc_info=True
+        )
         await sync_to_async(completion_write, thread_sensitive=False)([data])
 
 
@@ -222,10 +252,14 @@ class CompletionDrainer(threading.Thread):
         messages = self.client.xreadgroup(GROUP, self.consumer, {key: "0"}, count=self.batch)
         pending = messages[0][1] if messages else []
         if not pending:
-            claimed = self.client.xautoclaim(key, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=self.batch)
+            claimed = self.client.xautoclaim(
+                key, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=self.batch
+            )
             pending = claimed[1] if claimed else []
         if not pending:
-            messages = self.client.xreadgroup(GROUP, self.consumer, {key: ">"}, count=self.batch, block=self.block_ms)
+            messages = self.client.xreadgroup(
+                GROUP, self.consumer, {key: ">"}, count=self.batch, block=self.block_ms
+            )
             pending = messages[0][1] if messages else []
         entries = [(mid, fields) for mid, fields in pending if fields]
         if entries:
@@ -262,7 +296,9 @@ def start_drainer() -> CompletionDrainer:
     if _drainer is None:
         import redis
 
-        client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True, socket_connect_timeout=2)
+        client = redis.Redis.from_url(
+            settings.ADMISSION_REDIS_URL, decode_responses=True, socket_connect_timeout=2
+        )
         _drainer = CompletionDrainer(client)
         _drainer.start()
     return _drainer

@@ -80,6 +80,26 @@ class AdmissionPolicy(models.Model):
     def __str__(self) -> str:
         return "Admission policy"
 
+    def clean(self) -> None:
+        """A weight above the limit could never be paid: that operation would always get 429."""
+        try:
+            rate = RatePolicy.parse(self.rate_limit)
+        except (TypeError, ValueError):
+            return  # The rate_limit field's own validator reports it.
+        weights = self.operation_weights if isinstance(self.operation_weights, dict) else {}
+        too_heavy = sorted(
+            (op, w) for op, w in weights.items() if type(w) is int and w > rate.limit
+        )
+        if too_heavy:
+            listed = ", ".join(f"{op} ({w})" for op, w in too_heavy)
+            raise ValidationError(
+                {
+                    "operation_weights": f"Weights above the rate limit's {rate.limit} units per "
+                    f"{rate.window_s}s can never be paid, so those calls would always get 429: {listed}. "
+                    "Lower them or raise the limit."
+                }
+            )
+
     def save(self, *args: Any, **kwargs: Any) -> None:
         self.pk = 1  # There is only ever one policy row.
         super().save(*args, **kwargs)

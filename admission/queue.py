@@ -239,9 +239,17 @@ class AsyncQueue(_Scripts):
         key = request_id_key(self.prefix, scope, request_id)
         return bool(await self.client.set(key, f"{worker_id} {entry_id}", px=ttl_ms, nx=True))
 
-    async def finish_request_id(self, *, scope: str, request_id: str) -> None:
+    async def finish_request_id(self, *, scope: str, request_id: str, dispatched: bool) -> None:
+        """Mark a call's id finished, or free it when the call was never dispatched.
+
+        Only the call that claimed the id calls this, and nobody else can claim it meanwhile
+        (SET NX), so a plain DEL cannot free another call's binding.
+        """
         key = request_id_key(self.prefix, scope, request_id)
-        await self.client.set(key, "done", px=REQUEST_ID_DONE_TTL_MS)
+        if dispatched:
+            await self.client.set(key, "done", px=REQUEST_ID_DONE_TTL_MS)
+        else:
+            await self.client.delete(key)
 
     async def cancel(self, *, scope: str, request_id: str, slot_ceiling: int) -> str | None:
         """DELETE by request id: 'cancelled' | 'running' | 'finished', or None when unknown."""

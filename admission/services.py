@@ -44,6 +44,9 @@ log = logging.getLogger("sluice.admission")
 SAFETY_RECHECK_MS = 5_000
 # The worker settles by its exec deadline; give its push this long to arrive.
 SETTLE_GRACE_MS = 500
+# Redis prunes an entry at its deadline by Redis's clock; a waiter that finds its entry gone
+# this close to its own deadline timed out (the clocks and a stalled process may differ a bit).
+PRUNED_EARLY_S = 1.0
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Call:
     draft: CompletionDraft
     target: Target | None = None
     request_id_claimed: bool = False
+    dispatched: bool = False
     entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     response_headers: dict[str, str] = field(default_factory=dict)
 
@@ -138,11 +142,14 @@ async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadlin
         if message is not None:
             return _granted_or_raise(call, message)
         if await queue.entry(worker_id=call.worker_id, entry_id=call.entry_id) is None:
-            # The entry vanished without a push: a lost push or a Redis restart. Look once more.
+            # The entry vanished without a push. Look once more; then, near the deadline it
+            # was pruned as expired (a queue timeout), earlier the queue itself was lost.
             message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
             if message is not None:
                 return _granted_or_raise(call, message)
-            raise _offline(call.worker_id)
+            if deadline - time.monotonic() > PRUNED_EARLY_S:
+                raise _offline(call.worker_id)
+            break
     status, grant = await queue.leave(
         worker_id=call.worker_id, entry_id=call.entry_id, slot_ceiling=policy.max_lease_slots
     )
@@ -231,7 +238,9 @@ async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, A
     try:
         status, code, text = validate_error_result(message.get("error"))
     except ProtocolError as exc:
-        log.warning("worker error refused", extra={"worker_id": call.worker_id, "reason": exc.message})
+        log.warning(
+            "worker error refused", extra={"worker_id": call.worker_id, "reason": exc.message}
+        )
         raise ApiError(
             502,
             "RESULT_INVALID",
@@ -322,11 +331,15 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
         ) from None
     finally:
         # Only the call that bound the id marks it finished; a refused duplicate must not.
+        # A call that was never dispatched frees its id, so a client may resend it under the
+        # same id; one that may have run keeps it ("finished") so a replay is refused.
         if call.request_id_claimed:
             with contextlib.suppress(RedisError, asyncio.CancelledError):
                 await asyncio.shield(
                     queue.finish_request_id(
-                        scope=call.caller.scope, request_id=call.request_id or ""
+                        scope=call.caller.scope,
+                        request_id=call.request_id or "",
+                        dispatched=call.dispatched,
                     )
                 )
 
@@ -404,6 +417,7 @@ async def _admitted_call(
     expires = datetime.fromtimestamp(time.time() + exec_ms / 1000, tz=UTC)
     try:
         # From here on the assignment may have reached the worker: no answer may say "not started".
+        call.dispatched = True
         await sync_to_async(assignment_dispatch, thread_sensitive=False)(
             assignment=assignment, expires=expires
         )

@@ -45,7 +45,9 @@ _WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # the contr
 
 async def authenticate(request: HttpRequest) -> Caller:
     token = bearer_token(request.headers.get("Authorization"))
-    principal = await sync_to_async(principal_for_api_key, thread_sensitive=False)(token) if token else None
+    principal = (
+        await sync_to_async(principal_for_api_key, thread_sensitive=False)(token) if token else None
+    )
     if principal is None:
         raise unauthenticated()
     return caller_for(principal)
@@ -67,17 +69,23 @@ def _json_body(request: HttpRequest) -> Any:
 
 def _declared_too_large(request: HttpRequest) -> bool:
     try:
-        return int(request.headers.get("Content-Length") or 0) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return (
+            int(request.headers.get("Content-Length") or 0) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        )
     except ValueError:
         return False
 
 
-def _parse(request: HttpRequest, draft: CompletionDraft) -> tuple[dict[str, Any], str | None, int, str | None]:
+def _parse(
+    request: HttpRequest, draft: CompletionDraft
+) -> tuple[dict[str, Any], str | None, int, str | None]:
     """Headers and body, validated before anything is queued."""
     try:
         raw_worker = request.headers.get("X-LibreChat-Code-Worker-ID")
         worker_id = validate_worker_id(raw_worker) if raw_worker is not None else None
-        queue_wait_ms = parse_queue_wait_header(request.headers.get("X-LibreChat-Workspace-Queue-Wait-Ms"))
+        queue_wait_ms = parse_queue_wait_header(
+            request.headers.get("X-LibreChat-Workspace-Queue-Wait-Ms")
+        )
         raw_request_id = request.headers.get("X-LibreChat-Workspace-Request-Id")
         request_id = validate_request_id(raw_request_id) if raw_request_id is not None else None
         draft.request_id = request_id or ""
@@ -102,7 +110,11 @@ def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
         if not getattr(draft, attr) and headers.get(header):
             with contextlib.suppress(ProtocolError):
                 setattr(draft, attr, check(headers[header]))
-    if draft.operation or request.content_type != "application/json" or _declared_too_large(request):
+    if (
+        draft.operation
+        or request.content_type != "application/json"
+        or _declared_too_large(request)
+    ):
         return
     try:
         raw = request.body
@@ -126,9 +138,13 @@ def _database_unavailable(draft: CompletionDraft) -> ApiError:
     # answer instead of Django's HTML 500. The row still reaches the Redis stream and lands
     # once Postgres is back. Only a call that was never dispatched may say "not started".
     log.warning("database unavailable on the execute path", exc_info=True)
-    started = "the operation was not started" if draft.exec_ms is None else "the operation may have run"
+    started = (
+        "the operation was not started" if draft.exec_ms is None else "the operation may have run"
+    )
     return ApiError(
-        503, "DATABASE_UNAVAILABLE", f"The service's database is unavailable; {started}.",
+        503,
+        "DATABASE_UNAVAILABLE",
+        f"The service's database is unavailable; {started}.",
         headers={"Retry-After": "5"},
     )
 
@@ -187,14 +203,23 @@ async def execute(request: HttpRequest) -> HttpResponse:
         body, _, queue_wait_ms, request_id = parsed
         if resolved.worker_id is None:
             raise ApiError(
-                503, "NO_WORKER_SELECTED", "No worker was named and the tenant has no default worker; not started."
+                503,
+                "NO_WORKER_SELECTED",
+                "No worker was named and the tenant has no default worker; not started.",
             )
         draft.worker_id = resolved.worker_id
         call = Call(
-            caller=caller, request=body, worker_id=resolved.worker_id, queue_wait_header_ms=queue_wait_ms,
-            request_id=request_id, draft=draft, target=resolved.target,
+            caller=caller,
+            request=body,
+            worker_id=resolved.worker_id,
+            queue_wait_header_ms=queue_wait_ms,
+            request_id=request_id,
+            draft=draft,
+            target=resolved.target,
         )
-        result = await call_execute(call, queue=queue, limiter=RateLimiter(queue.client, prefix=queue.prefix))
+        result = await call_execute(
+            call, queue=queue, limiter=RateLimiter(queue.client, prefix=queue.prefix)
+        )
         response: HttpResponse = JsonResponse(result)
         for name, value in call.response_headers.items():
             response[name] = value
@@ -236,7 +261,9 @@ async def request_cancel(request: HttpRequest, request_id: str) -> HttpResponse:
                 scope=caller.scope, request_id=request_id, slot_ceiling=policy.max_lease_slots
             )
         except RedisError:
-            raise ApiError(503, "ADMISSION_UNAVAILABLE", "Admission is unavailable right now.") from None
+            raise ApiError(
+                503, "ADMISSION_UNAVAILABLE", "Admission is unavailable right now."
+            ) from None
         if state is None:
             raise ApiError(404, "REQUEST_NOT_FOUND", "No such request.")
         return JsonResponse({"state": state})

@@ -29,3 +29,6 @@ urlpatterns = [
     path("dashboard/", include("dashboard.urls")),
     path("admin/", admin.site.urls),
 ]
+
+handler404 = "config.errors.not_found"
+handler500 = "config.errors.server_error"

@@ -165,3 +165,12 @@ def test_worker_registration_with_a_bad_token_or_body_gets_typed_answers(
         400,
         "INVALID_REQUEST",
     )
+
+
+def test_unknown_api_paths_answer_typed_json_not_html(api):
+    with api.client() as http:
+        for method, path in (("POST", "/v1/workspace-tools/execute/"), ("GET", "/v1/nothing-here")):
+            r = http.request(method, path)
+            assert r.status_code == 404
+            assert r.headers["Content-Type"].startswith("application/json")
+            assert r.json()["code"] == "NOT_FOUND"

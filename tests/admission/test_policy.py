@@ -203,3 +203,16 @@ def test_set_policy_reaches_a_second_running_api_process_within_2_s(
             wait_for_rate_limit(http, owner, "120", within_s=5.0)
             with api.client() as first:
                 wait_for_rate_limit(first, owner, "120", within_s=5.0)
+
+
+def test_set_policy_refuses_a_limit_below_an_operation_weight(transactional_db: None) -> None:
+    from admission.policy import policy_row, policy_update
+
+    row = policy_row()
+    row.operation_weights = {**row.operation_weights, "execute_command": 10}
+    row.save()
+    with pytest.raises(ValueError, match="execute_command"):
+        policy_update({"WORKSPACE_TOOLS_RATE_LIMIT": "5/30s"})
+    assert policy_row().rate_limit == "120/30s"
+    policy_update({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
+    assert policy_row().rate_limit == "10/30s"

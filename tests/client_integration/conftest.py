@@ -34,7 +34,7 @@ class Attempt:
     request_id: str
     body: bytes
     queue_wait_header: str | None
-    status: int
+    status: int | None = None  # None: no answer came (e.g. the attempt was aborted)
     chunks: list[bytes] = field(default_factory=list)
 
     @property
@@ -58,16 +58,23 @@ class Attempts:
         self._lock = threading.Lock()
         self.all: list[Attempt] = []
 
-    def add(self, request: httpx.Request, status: int) -> Attempt:
+    def add(self, request: httpx.Request) -> Attempt:
+        """Recorded as it is sent, so an attempt that never gets an answer still counts."""
         attempt = Attempt(
             request_id=request.headers.get(REQUEST_ID_HEADER, ""),
             body=request.content,
             queue_wait_header=request.headers.get(QUEUE_WAIT_HEADER),
-            status=status,
         )
         with self._lock:
             self.all.append(attempt)
         return attempt
+
+    def transport(self) -> RecordingTransport:
+        """A real transport for the sync Client that records into this list."""
+        return RecordingTransport(self)
+
+    def async_transport(self) -> AsyncRecordingTransport:
+        return AsyncRecordingTransport(self)
 
     def by_call(self) -> dict[str, list[Attempt]]:
         calls: dict[str, list[Attempt]] = {}
@@ -112,8 +119,9 @@ class RecordingTransport(httpx.BaseTransport):
         self._inner = httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        attempt = self.attempts.add(request)
         response = self._inner.handle_request(request)
-        attempt = self.attempts.add(request, response.status_code)
+        attempt.status = response.status_code
         assert isinstance(response.stream, httpx.SyncByteStream)
         return httpx.Response(
             response.status_code,
@@ -134,8 +142,9 @@ class AsyncRecordingTransport(httpx.AsyncBaseTransport):
         self._inner = httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        attempt = self.attempts.add(request)
         response = await self._inner.handle_async_request(request)
-        attempt = self.attempts.add(request, response.status_code)
+        attempt.status = response.status_code
         assert isinstance(response.stream, httpx.AsyncByteStream)
         return httpx.Response(
             response.status_code,
@@ -190,7 +199,9 @@ def apply_policy(transactional_db: None) -> Iterator[Callable[[dict[str, str]], 
         time.sleep(POLICY_SETTLE_S)
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.01) -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.01
+) -> Any:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()

@@ -56,7 +56,8 @@ class ControlPlane:
             return None
         if response.status_code == 200:
             return True
-        if response.status_code == 409:
+        if response.status_code in (401, 403, 409):
+            # Replaced, or our token was rotated or revoked: this incarnation is over.
             return False
         return None
 
