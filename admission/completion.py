@@ -294,11 +294,10 @@ _drainer: CompletionDrainer | None = None
 def start_drainer() -> CompletionDrainer:
     global _drainer
     if _drainer is None:
-        import redis
+        from admission.connections import sync_client
 
-        client = redis.Redis.from_url(
-            settings.ADMISSION_REDIS_URL, decode_responses=True, socket_connect_timeout=2
-        )
+        # The stream lives on the admission Redis (a cluster node, when that is a cluster).
+        client = sync_client(decode_responses=True, socket_connect_timeout=2)
         _drainer = CompletionDrainer(client)
         _drainer.start()
     return _drainer

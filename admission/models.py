@@ -80,6 +80,10 @@ class AdmissionPolicy(models.Model):
     def __str__(self) -> str:
         return "Admission policy"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        self.pk = 1  # There is only ever one policy row.
+        super().save(*args, **kwargs)
+
     def clean(self) -> None:
         """A weight above the limit could never be paid: that operation would always get 429."""
         try:
@@ -99,10 +103,6 @@ class AdmissionPolicy(models.Model):
                     "Lower them or raise the limit."
                 }
             )
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        self.pk = 1  # There is only ever one policy row.
-        super().save(*args, **kwargs)
 
     @classmethod
     def from_env(cls) -> AdmissionPolicy:

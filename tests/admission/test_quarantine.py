@@ -19,7 +19,11 @@ def _settle_running(worker_id: str, payload: dict) -> bool:
     keys = worker_keys(settings.REDIS_KEY_PREFIX, worker_id)
     (entry,) = [json.loads(v) for v in client.hgetall(keys.entries).values()]
     return SyncQueue(client, settings.REDIS_KEY_PREFIX).settle(
-        worker_id=worker_id, entry_id=entry["id"], incarnation=entry["inc"], ticket=entry["seq"], payload=payload
+        worker_id=worker_id,
+        entry_id=entry["id"],
+        incarnation=entry["inc"],
+        ticket=entry["seq"],
+        payload=payload,
     )
 
 
@@ -27,7 +31,9 @@ def test_an_unknown_outcome_quarantines_the_key_until_an_operator_releases_it(
     api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    worker_factory(owner, {"a": git_workspace(tmp_path / "a"), "b": git_workspace(tmp_path / "b")}, slots=2)
+    worker_factory(
+        owner, {"a": git_workspace(tmp_path / "a"), "b": git_workspace(tmp_path / "b")}, slots=2
+    )
     caller = Caller(api.url, owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id})
     try:
         # The settlement a worker sends when a write it started may or may not have landed.
@@ -36,7 +42,10 @@ def test_an_unknown_outcome_quarantines_the_key_until_an_operator_releases_it(
         unknown = {
             "t": "result",
             "ok": False,
-            "error": {"error": "The write may or may not have happened.", "code": "WRITE_UNAVAILABLE"},
+            "error": {
+                "error": "The write may or may not have happened.",
+                "code": "WRITE_UNAVAILABLE",
+            },
             "quarantine": True,
         }
         assert _settle_running(owner.worker_id, unknown)

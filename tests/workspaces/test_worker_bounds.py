@@ -11,13 +11,11 @@ One worker per test: the cases of a test share it and run one after another.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from livesupport import ApiServer, Worker, git_workspace
+from livesupport import git_workspace
 from workerkit import call, request, ticket_counter
 
 pytestmark = pytest.mark.e2e
@@ -33,22 +31,6 @@ def repo(tmp_path: Path) -> Path:
         tmp_path / "repo",
         files={"a.txt": "".join(f"{n}\n" for n in range(1, 601)), "many.txt": "match\n" * 300},
     )
-
-
-@pytest.fixture
-def owner(account_factory: Any) -> Any:
-    return account_factory()
-
-
-@pytest.fixture
-def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
-    return worker_factory(owner, {"repo": repo}, slots=2)
-
-
-@pytest.fixture
-def http(api: ApiServer) -> Iterator[httpx.Client]:
-    with api.client() as client:
-        yield client
 
 
 def padded_command(marker: str, size: int) -> str:

@@ -5,14 +5,13 @@ capped per stream, and the exit code or signal comes back as the contract spells
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from livesupport import ApiServer, Worker, git_workspace
+from livesupport import git_workspace
 from workerkit import call, pid_alive, request, ticket_counter
 
 pytestmark = pytest.mark.e2e
@@ -41,22 +40,6 @@ sleep 60
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return git_workspace(tmp_path / "repo")
-
-
-@pytest.fixture
-def owner(account_factory: Any) -> Any:
-    return account_factory()
-
-
-@pytest.fixture
-def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
-    return worker_factory(owner, {"repo": repo}, slots=2)
-
-
-@pytest.fixture
-def http(api: ApiServer) -> Iterator[httpx.Client]:
-    with api.client() as client:
-        yield client
 
 
 def wait_for_tickets(worker_id: str, count: int, timeout_s: float = 10.0) -> None:

@@ -5,13 +5,12 @@ worker, which resolves it and refuses it (422 INVALID_PATH) before reading or wr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from livesupport import ApiServer, Worker, git_workspace
+from livesupport import git_workspace
 from workerkit import call, request, ticket_counter
 
 pytestmark = pytest.mark.e2e
@@ -48,22 +47,6 @@ def repo(tmp_path: Path, outside: Path) -> Path:
     (root / "outdir").symlink_to(outside, target_is_directory=True)
     (root / "dangling").symlink_to(outside / "created-through-link.txt")
     return root
-
-
-@pytest.fixture
-def owner(account_factory: Any) -> Any:
-    return account_factory()
-
-
-@pytest.fixture
-def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
-    return worker_factory(owner, {"repo": repo}, slots=2)
-
-
-@pytest.fixture
-def http(api: ApiServer) -> Iterator[httpx.Client]:
-    with api.client() as client:
-        yield client
 
 
 def spelled_escape_requests(path: str) -> list[dict[str, Any]]:

@@ -12,11 +12,9 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
-from livesupport import ApiServer, Worker, git_workspace
+from livesupport import Worker, git_workspace
 from workerkit import call, request, ticket_counter
 
 from workspaces.models import Worker as WorkerRow
@@ -42,22 +40,6 @@ def marker(repo: Path) -> Iterator[Path]:
         for pid in path.read_text().split():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(pid), signal.SIGKILL)
-
-
-@pytest.fixture
-def owner(account_factory: Any) -> Any:
-    return account_factory()
-
-
-@pytest.fixture
-def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
-    return worker_factory(owner, {"repo": repo}, slots=2)
-
-
-@pytest.fixture
-def http(api: ApiServer) -> Iterator[httpx.Client]:
-    with api.client() as client:
-        yield client
 
 
 def wait_until_exists(path: Path, timeout_s: float = 10.0) -> None:

@@ -44,16 +44,6 @@ def marker(repo: Path) -> Path:
     return repo.parent / "marker"
 
 
-@pytest.fixture
-def owner(account_factory: Any) -> Any:
-    return account_factory()
-
-
-@pytest.fixture
-def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
-    return worker_factory(owner, {"repo": repo}, slots=2)
-
-
 def logged(worker: Worker, message: str, timeout_s: float = 10.0) -> dict[str, Any]:
     """The worker's structured log line with this message (waits for it to be written)."""
     assert worker.process is not None

@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from livesupport import ApiServer, Worker, git_workspace
+from livesupport import Worker, git_workspace
 from workerkit import call, request, running_entry, settle, worker_stats
 
 pytestmark = pytest.mark.e2e
@@ -97,22 +96,6 @@ CASES = [
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return git_workspace(tmp_path / "repo", files={"a.txt": "a\n"})
-
-
-@pytest.fixture
-def owner(account_factory: Any) -> Any:
-    return account_factory()
-
-
-@pytest.fixture
-def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
-    return worker_factory(owner, {"repo": repo}, slots=2)
-
-
-@pytest.fixture
-def http(api: ApiServer) -> Iterator[httpx.Client]:
-    with api.client() as client:
-        yield client
 
 
 def call_settled_by_a_hostile_worker(

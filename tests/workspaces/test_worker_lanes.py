@@ -5,13 +5,12 @@ lane; without the flag, or for a forged lane, the answer is 409 WORKER_MISMATCH.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from livesupport import ApiServer, git, git_workspace
+from livesupport import git, git_workspace
 from workerkit import call, request, ticket_counter
 
 pytestmark = pytest.mark.e2e
@@ -48,17 +47,6 @@ def forgeries(repo: Path, tmp_path: Path) -> list[str]:
     (copied / ".git").write_text(f"gitdir: {repo / '.git/worktrees/lane-b'}\n")
     (copied / "secret.txt").write_text(FORGED)
     return ["plain", "alias", "foreign", "copied", "missing"]
-
-
-@pytest.fixture
-def owner(account_factory: Any) -> Any:
-    return account_factory()
-
-
-@pytest.fixture
-def http(api: ApiServer) -> Iterator[httpx.Client]:
-    with api.client() as client:
-        yield client
 
 
 def ok(response: httpx.Response) -> dict[str, Any]:

@@ -7,13 +7,12 @@ and content of what the client gets back, and what changed on disk.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from livesupport import ApiServer, Worker, git_workspace
+from livesupport import git_workspace
 from workerkit import call, request
 
 pytestmark = pytest.mark.e2e
@@ -30,22 +29,6 @@ FILES = {
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return git_workspace(tmp_path / "repo", files=FILES)
-
-
-@pytest.fixture
-def owner(account_factory: Any) -> Any:
-    return account_factory()
-
-
-@pytest.fixture
-def worker(owner: Any, repo: Path, worker_factory: Any) -> Worker:
-    return worker_factory(owner, {"repo": repo}, slots=2)
-
-
-@pytest.fixture
-def http(api: ApiServer) -> Iterator[httpx.Client]:
-    with api.client() as client:
-        yield client
 
 
 def ok(response: httpx.Response, repo: Path) -> dict[str, Any]:

@@ -20,4 +20,7 @@ def test_a_worker_stops_and_deregisters_once_its_token_is_rotated(
     worker.process.proc.wait(timeout=20)
     # Heartbeats come every 5 s: the worker notices within one of them and drains.
     assert time.monotonic() - started < 15
-    assert "replaced or expired" in worker.process.output() or "shutting down" in worker.process.output()
+    assert (
+        "replaced or expired" in worker.process.output()
+        or "shutting down" in worker.process.output()
+    )

@@ -23,7 +23,6 @@ from sluice_client.protocol import is_safe_relative_path
 
 from workspaces.operations.errors import OperationError, check_deadline
 
-
 # Messages quote at most this much of a path: a 4096-character path must not push a refusal
 # past the protocol's limit on error text (which would turn a 422 into a 502).
 DESCRIBE_MAX_CHARS = 200
