@@ -219,33 +219,31 @@ async def _wait_for_result(
     return message
 
 
+def _result_invalid(call: Call, what: str, exc: ProtocolError) -> ApiError:
+    # The reason is logged, never echoed: a hostile worker must not speak to the client.
+    log.warning(
+        f"worker {what} refused", extra={"worker_id": call.worker_id, "reason": exc.message}
+    )
+    return ApiError(
+        502,
+        "RESULT_INVALID",
+        f"The worker's {what} broke the protocol and was not forwarded; the operation may have run.",
+    )
+
+
 async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     if message.get("ok") is True:
         result = message.get("result")
         try:
             validate_result(call.request, result)
         except ProtocolError as exc:
-            log.warning(
-                "worker result refused", extra={"worker_id": call.worker_id, "reason": exc.message}
-            )
-            raise ApiError(
-                502,
-                "RESULT_INVALID",
-                "The worker's result broke the protocol and was not forwarded; the operation may have run.",
-            ) from None
+            raise _result_invalid(call, "result", exc) from None
         assert isinstance(result, dict)
         return result
     try:
         status, code, text = validate_error_result(message.get("error"))
     except ProtocolError as exc:
-        log.warning(
-            "worker error refused", extra={"worker_id": call.worker_id, "reason": exc.message}
-        )
-        raise ApiError(
-            502,
-            "RESULT_INVALID",
-            "The worker's error answer broke the protocol and was not forwarded; the operation may have run.",
-        ) from None
+        raise _result_invalid(call, "error answer", exc) from None
     if message.get("quarantine") is True and call.operation in MUTATING_OPERATIONS:
         await sync_to_async(quarantine_key, thread_sensitive=False)(call=call, reason=text)
     raise ApiError(status, code, text)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,16 @@ def git_workspace(
     for lane in lanes:
         git(path, "worktree", "add", "-q", f".worktrees/{lane}", "-b", lane)
     return path
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.02
+) -> Any:
+    """Poll `predicate` until it returns something truthy (returned), or fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")

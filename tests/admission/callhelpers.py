@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+from livesupport import wait_until  # noqa: F401  (re-exported for the tests here)
 
 EXECUTE = "/v1/workspace-tools/execute"
 
@@ -95,13 +95,3 @@ class Caller:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def wait_until(predicate: Any, timeout_s: float = 10.0, interval_s: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")

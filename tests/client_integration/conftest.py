@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 from django.conf import settings
+from livesupport import wait_until
 
 from admission.models import AdmissionPolicy
 from admission.policy import policy_update
@@ -197,18 +198,6 @@ def apply_policy(transactional_db: None) -> Iterator[Callable[[dict[str, str]], 
     if changed:
         AdmissionPolicy.objects.all().delete()
         time.sleep(POLICY_SETTLE_S)
-
-
-def wait_until(
-    predicate: Callable[[], Any], timeout_s: float = 10.0, interval_s: float = 0.01
-) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")
 
 
 @pytest.fixture
