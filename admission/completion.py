@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
+from admission.dbthread import in_db_thread
 from admission.models import CompletionLog
 
 log = logging.getLogger("sluice.completion")
@@ -221,7 +221,7 @@ async def completion_emit(draft: CompletionDraft, client: Any) -> None:
         log.warning(
             "completion stream unavailable; writing the row to Postgres directly", exc_info=True
         )
-        await sync_to_async(completion_write, thread_sensitive=False)([data])
+        await in_db_thread(completion_write, rows=[data])
 
 
 def completion_write(rows: list[dict[str, Any]]) -> None:

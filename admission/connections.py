@@ -23,6 +23,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from admission.queue import AsyncQueue, SyncQueue
@@ -32,6 +33,44 @@ _sync: SyncQueue | None = None
 _async: dict[int, AsyncQueue] = {}
 # A blocking pop holds one connection per waiting call, on the node owning its worker's slot.
 BLOCKING_MAX_CONNECTIONS = 20_000
+
+
+class ClusterUnavailable(redis.exceptions.ConnectionError):
+    """The cluster could not be reached or has no node for a slot.
+
+    redis-py raises these as RedisClusterException, which is not a RedisError; admission
+    turns RedisError into a typed 503, so it is re-raised as one.
+    """
+
+
+class _SyncCluster(RedisCluster):
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+
+
+class _AsyncCluster(AsyncRedisCluster):
+    """redis-py's asyncio cluster client, made safe for concurrent first use.
+
+    redis-py 8.1 picks a command's routing policy before it learns the slot map: while the
+    client (re)initializes it has no default node, so a keyed command issued meanwhile is
+    treated as keyless and sent to an arbitrary node. Every such command draws a MOVED, and
+    after five of them the client closes every connection, including those of commands in
+    flight (which then fail with AttributeError, not a RedisError, so a 500). A burst of
+    calls on a fresh API process, or after a failover, does exactly that. Waiting for the
+    slot map before routing avoids it; `initialize` takes a lock, so this costs nothing once
+    the client is initialized.
+    """
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if self._initialize:
+                await self.initialize()
+            return await super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
 
 
 def cluster_enabled() -> bool:
@@ -74,14 +113,21 @@ def sync_client(**kwargs: Any) -> Any:
         # The cluster client keeps a pool per node; health_check_interval is a plain-client
         # option it does not take.
         kwargs.pop("health_check_interval", None)
-        return RedisCluster.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
+        try:
+            return _SyncCluster.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
+        except RedisClusterException as exc:
+            # The sync client reads the slot map as it is built: no node answered.
+            raise ClusterUnavailable(str(exc)) from exc
     return redis.Redis.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
 
 
 def async_client(**kwargs: Any) -> Any:
     """An asyncio client for the admission Redis (a cluster client when configured)."""
     if cluster_enabled():
-        return AsyncRedisCluster.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
+        # The asyncio cluster client refuses a command outright (MaxConnectionsError) once a
+        # node has max_connections [100] busy, where the plain client's pool has no bound.
+        kwargs.setdefault("max_connections", BLOCKING_MAX_CONNECTIONS)
+        return _AsyncCluster.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
     return aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
 
 

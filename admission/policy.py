@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from admission.dbthread import in_db_thread
 from admission.models import AdmissionPolicy
 from admission.ratelimit import RatePolicy
 
@@ -85,7 +85,7 @@ async def acurrent_policy() -> Policy:
     cached = _cached
     if cached is not None and cached[0] > time.monotonic():
         return cached[1]
-    return await sync_to_async(current_policy, thread_sensitive=False)()
+    return await in_db_thread(current_policy)
 
 
 def forget_cached_policy() -> None:

@@ -27,6 +27,7 @@ from sluice_client.protocol import (
 
 from admission import deadlines
 from admission.completion import CompletionDraft
+from admission.dbthread import in_db_thread
 from admission.errors import ApiError
 from admission.models import Quarantine
 from admission.policy import Policy, acurrent_policy
@@ -245,7 +246,7 @@ async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, A
     except ProtocolError as exc:
         raise _result_invalid(call, "error answer", exc) from None
     if message.get("quarantine") is True and call.operation in MUTATING_OPERATIONS:
-        await sync_to_async(quarantine_key, thread_sensitive=False)(call=call, reason=text)
+        await in_db_thread(quarantine_key, call=call, reason=text)
     raise ApiError(status, code, text)
 
 
@@ -388,7 +389,8 @@ async def _admitted_call(
     try:
         if waited:
             # The worker may have been replaced or its offer withdrawn while this call waited.
-            fresh = await sync_to_async(call_target, thread_sensitive=False)(
+            fresh = await in_db_thread(
+                call_target,
                 caller=call.caller,
                 worker_id=call.worker_id,
                 workspace_id=str(call.request["workspaceId"]),

@@ -9,10 +9,9 @@ import logging
 import re
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError, InterfaceError, connections
+from django.db import DatabaseError, InterfaceError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
@@ -27,6 +26,7 @@ from sluice_client.protocol import (
 
 from admission.completion import CompletionDraft, completion_emit
 from admission.connections import async_queue
+from admission.dbthread import in_db_thread
 from admission.errors import ApiError, unauthenticated
 from admission.policy import acurrent_policy
 from admission.ratelimit import RateLimiter
@@ -45,9 +45,7 @@ _WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # the contr
 
 async def authenticate(request: HttpRequest) -> Caller:
     token = bearer_token(request.headers.get("Authorization"))
-    principal = (
-        await sync_to_async(principal_for_api_key, thread_sensitive=False)(token) if token else None
-    )
+    principal = await in_db_thread(principal_for_api_key, raw_key=token) if token else None
     if principal is None:
         raise unauthenticated()
     return caller_for(principal)
@@ -149,20 +147,6 @@ def _database_unavailable(draft: CompletionDraft) -> ApiError:
     )
 
 
-def _resolve(**kwargs: Any) -> Any:
-    """call_resolve, in a pool thread, on a connection that works if Postgres does.
-
-    A persistent connection that broke while Postgres was away stays broken in its pool thread
-    (nothing else closes it there), so every later call on that thread would answer 503 after
-    Postgres is back. Only a connection that already failed is checked: no extra round trip
-    on the happy path.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.errors_occurred:
-            conn.close_if_unusable_or_obsolete()
-    return call_resolve(**kwargs)
-
-
 def _with_budget_headers(response: HttpResponse, call: Call | None) -> HttpResponse:
     """A call that passed the rate limit carries its budget headers whatever its answer."""
     for name, value in (call.response_headers if call is not None else {}).items():
@@ -188,7 +172,8 @@ async def execute(request: HttpRequest) -> HttpResponse:
             parsed = _parse(request, draft)
         except ApiError as exc:
             invalid = exc
-        resolved = await sync_to_async(_resolve, thread_sensitive=False)(
+        resolved = await in_db_thread(
+            call_resolve,
             token=bearer_token(request.headers.get("Authorization")),
             worker_id=parsed[1] if parsed else None,
             request=parsed[0] if parsed else None,

@@ -5,6 +5,7 @@ from django.urls import include, path
 
 from admission import views as admission_views
 from config.health import healthz
+from config.schema import schema_docs_view, schema_view
 from dashboard.metrics import metrics_view
 from workspaces import views as worker_views
 
@@ -25,6 +26,8 @@ urlpatterns = [
         worker_views.WorkerDeregisterApi.as_view(),
         name="worker-deregister",
     ),
+    path("v1/schema/", schema_view, name="openapi-schema"),
+    path("v1/schema/docs/", schema_docs_view, name="openapi-docs"),
     path("metrics", metrics_view, name="metrics"),
     path("dashboard/", include("dashboard.urls")),
     path("admin/", admin.site.urls),

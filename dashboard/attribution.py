@@ -19,6 +19,9 @@ from typing import Any
 
 from dashboard.window import TABLE, Window, call_lifetime_ms, fetch_rows
 
+# A busy worker can have dozens of calls overlapping one long wait; a table row lists this many.
+HOLDERS_SHOWN = 5
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -58,6 +61,17 @@ class Timeout:
         return same or self.holders
 
     @property
+    def holders_shown(self) -> list[Holder]:
+        """What a table row lists: the blamed holders first, then a few others for context."""
+        same = [h for h in self.holders if h.same_key]
+        others = [h for h in self.holders if not h.same_key]
+        return same + others[: max(0, HOLDERS_SHOWN - len(same))]
+
+    @property
+    def holders_hidden(self) -> int:
+        return len(self.holders) - len(self.holders_shown)
+
+    @property
     def verdict(self) -> str:
         same = [h for h in self.holders if h.same_key]
         if same:
@@ -68,7 +82,7 @@ class Timeout:
             )
         if self.holders:
             slots = len({h.slot_index for h in self.holders})
-            return f"waited for a free slot: {slots} slot(s) busy with other keys"
+            return f"no call on its key held a slot; {slots} slot(s) were busy with other keys"
         return "no holder found in the log (rows still buffered, or pruned)"
 
 
@@ -119,7 +133,22 @@ def recent_timeouts(window: Window, *, limit: int = 20) -> list[Timeout]:
             t = timeouts[request_id] = Timeout(*row[:8])
             order.append(request_id)
         if row[8] is not None:
-            t.holders.append(Holder(*row[8:18], same_key=bool(row[11]) and row[11] == t.key_hash))
+            rid, ws, lane, key, op, slot, admitted, ended, status, code = row[8:18]
+            t.holders.append(
+                Holder(
+                    rid,
+                    ws,
+                    lane,
+                    key,
+                    op,
+                    slot,
+                    admitted,
+                    ended,
+                    status,
+                    code,
+                    same_key=bool(key) and key == t.key_hash,
+                )
+            )
     return [timeouts[r] for r in order]
 
 

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-WIDTH, HEIGHT = 960, 260
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 14, 34
+WIDTH, HEIGHT = 640, 240
+LEFT, RIGHT, TOP, BOTTOM = 58, 14, 12, 36
 # Candidate x tick spacings, in minutes: at most ~8 labels fit across the plot.
 _X_STEPS_MIN = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 2880, 10080)
 

@@ -15,7 +15,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from admission.connections import sync_queue
-from admission.models import AdmissionPolicy
 from admission.policy import current_policy
 from admission.queue import decode_entry, worker_keys
 from workspaces.models import Worker
@@ -88,14 +87,10 @@ class WorkerCard:
         return min(100, round(100 * self.held / self.queue_limit)) if self.queue_limit else 0
 
 
-def _policy_ceilings() -> tuple[int, int]:
-    try:
-        policy = current_policy()
-        return policy.max_lease_slots, policy.worker_queue_limit
-    except Exception:
-        # The dashboard must still show the queues when the policy row cannot be read.
-        env = AdmissionPolicy.from_env()
-        return env.max_lease_slots, env.worker_queue_limit
+def policy_ceilings() -> tuple[int, int]:
+    """(slot ceiling, queue limit): the same policy row the admission scripts are given."""
+    policy = current_policy()
+    return policy.max_lease_slots, policy.worker_queue_limit
 
 
 def live_cards(*, worker_ids: list[str] | None = None, client: Any = None) -> list[WorkerCard]:
@@ -104,7 +99,7 @@ def live_cards(*, worker_ids: list[str] | None = None, client: Any = None) -> li
     if worker_ids is not None:
         workers = [w for w in workers if w.worker_id in worker_ids]
     client = client if client is not None else sync_queue().client
-    ceiling, limit = _policy_ceilings()
+    ceiling, limit = policy_ceilings()
     pipe = client.pipeline(transaction=False)
     pipe.time()  # The scripts' clock: entry times are Redis TIME, not this host's.
     for worker in workers:

@@ -35,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from admission.completion import METRIC_BUCKETS_S, metrics_key, stream_key
 from admission.connections import sync_queue
 from admission.queue import worker_keys
-from dashboard.live import WorkerCard, live_cards
+from dashboard.live import WorkerCard, live_cards, policy_ceilings
 from workspaces.auth import bearer_token
 
 log = logging.getLogger("sluice.metrics")
@@ -161,7 +161,7 @@ class SluiceCollector:
             for card in cards:
                 family.add_metric([card.worker_id], value(card))
             yield family
-        limit = cards[0].queue_limit if cards else 0
+        limit = cards[0].queue_limit if cards else policy_ceilings()[1]
         yield GaugeMetricFamily(
             "sluice_queue_limit",
             "WORKER_QUEUE_LIMIT: calls a worker's queue admits at once.",
@@ -191,7 +191,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             response["WWW-Authenticate"] = "Bearer"
         return response
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SluiceCollector(sync_queue().client))  # type: ignore[arg-type]
+    registry.register(SluiceCollector(sync_queue().client))
     try:
         body = generate_latest(registry)
     except Exception:

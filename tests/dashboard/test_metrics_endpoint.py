@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
@@ -27,8 +28,9 @@ def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     return samples
 
 
-def value(samples: dict[str, Any], name: str, **labels: str) -> float | None:
-    return samples.get(name, {}).get(tuple(sorted(labels.items())))
+def value(samples: dict[str, Any], name: str, **labels: str) -> float:
+    """The sample's value; NaN (which no assertion accepts) when the series is missing."""
+    return float(samples.get(name, {}).get(tuple(sorted(labels.items())), math.nan))
 
 
 def test_gauges_match_the_live_queue_on_every_api_process(
