@@ -399,6 +399,10 @@ async def _admitted_call(
             if fresh is None or fresh.incarnation_id != incarnation:
                 raise _offline(call.worker_id)
             check_target(call, fresh)
+        elif target.incarnation_id != incarnation:
+            # Granted at entry: the offer was read just before entering, so it only needs to
+            # belong to the incarnation that granted (a re-registration in between does not).
+            raise _offline(call.worker_id)
     except BaseException:
         await asyncio.shield(
             queue.release(
