@@ -1,5 +1,10 @@
 # Sluice: `make run` serves a local demo, `make test` runs the suite, `make lint` checks style
-# and types. Every target first makes sure .venv exists and holds the pinned requirements.
+# and types, `make fuzz` fuzzes a live local Sluice (docs/fuzzing.md). Every target first makes
+# sure .venv exists and holds the pinned requirements.
+
+# Everything started from this Makefile is a local run: without SECRET_KEY it uses a random
+# key generated for this checkout under var/ (settings refuse to start otherwise).
+export SLUICE_LOCAL_SECRET ?= 1
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,7 +16,7 @@ REQ_FILES := requirements.txt requirements-dev.txt client/pyproject.toml
 REQ_HASH := $(shell cat $(REQ_FILES) | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(REQ_HASH)
 
-.PHONY: run test lint bench venv
+.PHONY: run test lint bench fuzz venv
 
 venv: $(STAMP)
 
@@ -46,3 +51,10 @@ bench: venv
 		echo "make bench: benchmarks/run.py does not exist yet, so there is nothing to run." >&2; \
 		exit 1; \
 	fi
+
+# A live API and worker on a throwaway database (sluice_fuzz), the same Postgres and Redis as
+# `make test`. FUZZ_ARGS passes options on, e.g. FUZZ_ARGS="--seed 7 --examples 300".
+fuzz: venv
+	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
+	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
+	$(PY) -m fuzz.run $(FUZZ_ARGS)

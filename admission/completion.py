@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, DataError, IntegrityError, close_old_connections, transaction
 
 from admission.dbthread import in_db_thread
 from admission.models import CompletionLog
@@ -228,6 +228,27 @@ def completion_write(rows: list[dict[str, Any]]) -> None:
     CompletionLog.objects.bulk_create([_model_row(r) for r in rows], ignore_conflicts=True)
 
 
+def _land(entries: list[tuple[str, dict[str, str]]]) -> None:
+    """Write a batch from the stream. A malformed entry (anyone with broker access can XADD)
+    is logged and dropped instead of blocking the stream for every drainer; an unavailable
+    Postgres raises, and the batch stays pending."""
+    rows: list[CompletionLog] = []
+    for stream_id, fields in entries:
+        try:
+            rows.append(_model_row(_decode(fields)))
+        except (ValueError, TypeError, KeyError):
+            log.warning("malformed completion row dropped", extra={"stream_id": stream_id})
+    try:
+        CompletionLog.objects.bulk_create(rows, ignore_conflicts=True)
+    except (DataError, IntegrityError):
+        for row in rows:
+            try:
+                with transaction.atomic():
+                    CompletionLog.objects.bulk_create([row], ignore_conflicts=True)
+            except (DataError, IntegrityError):
+                log.warning("completion row refused by Postgres dropped", extra={"uid": row.uid})
+
+
 class CompletionDrainer(threading.Thread):
     """Moves rows from the stream to Postgres. One per API process; any number may run."""
 
@@ -264,7 +285,7 @@ class CompletionDrainer(threading.Thread):
         entries = [(mid, fields) for mid, fields in pending if fields]
         if entries:
             close_old_connections()
-            completion_write([_decode(fields) for _, fields in entries])
+            _land(entries)
         ids = [mid for mid, _ in pending]
         if ids:
             self.client.xack(key, GROUP, *ids)

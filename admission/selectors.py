@@ -19,6 +19,7 @@ class Target:
 
     worker_id: str
     incarnation_id: str
+    token_hash: str
     workspace_registered: bool
     operations: frozenset[str]
     linked_worktree_lanes: bool
@@ -41,7 +42,9 @@ def call_target(
                 )
             ),
         )
-        .values("worker_id", "incarnation_id", "ws_operations", "ws_lanes", "quarantined")
+        .values(
+            "worker_id", "incarnation_id", "token_hash", "ws_operations", "ws_lanes", "quarantined"
+        )
         .first()
     )
     if row is None:
@@ -49,6 +52,7 @@ def call_target(
     return Target(
         worker_id=row["worker_id"],
         incarnation_id=row["incarnation_id"],
+        token_hash=row["token_hash"],
         workspace_registered=row["ws_operations"] is not None,
         operations=frozenset(row["ws_operations"] or ()),
         linked_worktree_lanes=bool(row["ws_lanes"]),

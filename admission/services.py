@@ -37,6 +37,7 @@ from admission.selectors import Target, call_target
 from workspaces.access import Caller
 from workspaces.dispatch import assignment_dispatch
 from workspaces.secrets import keyed_hash
+from workspaces.signing import sign, signing_key, unsigned, verify
 
 log = logging.getLogger("sluice.admission")
 
@@ -233,6 +234,12 @@ def _result_invalid(call: Call, what: str, exc: ProtocolError) -> ApiError:
 
 
 async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, Any]:
+    body = unsigned(message)
+    if not verify(
+        _key(call), "settlement", {"entry": call.entry_id, "payload": body}, message.get("sig")
+    ):
+        # Not from this call's worker (anyone with broker access can push to a wake list).
+        raise _result_invalid(call, "settlement", ProtocolError("RESULT_INVALID", "bad signature"))
     if message.get("ok") is True:
         result = message.get("result")
         try:
@@ -265,7 +272,7 @@ def quarantine_key(*, call: Call, reason: str) -> None:
 def _assignment(
     call: Call, grant: Grant, incarnation: str, exec_budget_ms: int, command_timeout_ms: int
 ) -> dict[str, Any]:
-    return {
+    assignment = {
         "assignmentId": call.entry_id,
         "workerId": call.worker_id,
         "incarnation": incarnation,
@@ -276,6 +283,13 @@ def _assignment(
         "remainingMs": exec_budget_ms,
         "commandTimeoutMs": command_timeout_ms,
     }
+    assignment["sig"] = sign(_key(call), "assignment", assignment)
+    return assignment
+
+
+def _key(call: Call) -> bytes:
+    assert call.target is not None  # checked before admission
+    return signing_key(call.target.token_hash)
 
 
 async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -> dict[str, Any]:

@@ -36,6 +36,7 @@ def prepare(name: str = "sluice_bench", **env: str) -> dict[str, str]:
     os.environ["DATABASE_URL"] = _database_url(name)
     os.environ["SLUICE_REDIS_PREFIX"] = f"bench-{uuid.uuid4().hex[:8]}:"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("SLUICE_LOCAL_SECRET", "1")  # a benchmark is a local run
     import django
 
     django.setup()

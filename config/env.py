@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import secrets
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -62,3 +64,23 @@ def database_from_url(url: str) -> dict[str, Any]:
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,
     }
+
+
+def local_secret(path: Path) -> str:
+    """A random secret for this checkout, made once and kept in `path` (readable by its owner only)."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    candidate = path.with_name(f"{path.name}.{os.getpid()}")
+    candidate.write_text(secrets.token_urlsafe(48))
+    candidate.chmod(0o600)
+    try:
+        # Two processes starting at once: the first link wins and both read its key.
+        os.link(candidate, path)
+    except FileExistsError:
+        pass
+    finally:
+        candidate.unlink()
+    return path.read_text().strip()

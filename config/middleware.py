@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from asgiref.sync import markcoroutinefunction
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import DisallowedHost
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 
 FAST_PREFIX = "/v1/workspace-tools/"
@@ -35,6 +36,13 @@ class WorkspaceApiFastPath:
     async def __call__(self, request: HttpRequest) -> HttpResponse:
         if not request.path_info.startswith(FAST_PREFIX):
             return await self.get_response(request)
+        try:
+            # What CommonMiddleware would have checked: the Host header against ALLOWED_HOSTS.
+            request.get_host()
+        except DisallowedHost:
+            return JsonResponse(
+                {"error": "This host is not served here.", "code": "INVALID_REQUEST"}, status=400
+            )
         try:
             match = resolve(request.path_info)
         except Resolver404:

@@ -117,7 +117,8 @@ def _utf8(max_bytes: int, **extra: Any) -> Schema:
 
 
 def _integer(minimum: int | None = None, maximum: int | None = None) -> Schema:
-    schema: Schema = {"type": "integer"}
+    # JSON Schema counts 5.0 as an integer; the protocol does not (it would hand a float on).
+    schema: Schema = {"type": "integer", "description": INTEGER_LITERAL}
     if minimum is not None:
         schema["minimum"] = minimum
     if maximum is not None:
@@ -125,6 +126,7 @@ def _integer(minimum: int | None = None, maximum: int | None = None) -> Schema:
     return schema
 
 
+INTEGER_LITERAL = "An integer literal: 5.0 or 5e0 is refused."
 _BOOLEAN: Schema = {"type": "boolean"}
 _PATH = _string(
     "path",
@@ -150,7 +152,11 @@ _EDITS: Schema = {
 }
 
 _COMMON_REQUEST_SCHEMAS: dict[str, Schema] = {
-    "protocolVersion": {"type": "integer", "const": p.PROTOCOL_VERSION},
+    "protocolVersion": {
+        "type": "integer",
+        "const": p.PROTOCOL_VERSION,
+        "description": INTEGER_LITERAL,
+    },
     "operation": _string(),  # narrowed to the operation's name per variant
     "workspaceId": _string("workspaceId"),
     "workspaceInstanceId": _string("sha256", description="A conversation worktree (64 hex)."),

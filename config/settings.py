@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
-from config.env import database_from_url, env_bool, env_int, env_str
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import database_from_url, env_bool, env_int, env_str, local_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY", "")
 if not SECRET_KEY:
-    if not DEBUG:
-        # A production process must be given its own key; local runs and tests get a fixed one.
-        SECRET_KEY = "sluice-insecure-local-key-set-SECRET_KEY-in-production"
-    else:
-        SECRET_KEY = "sluice-insecure-debug-key"
+    # Never a key written in the source: it signs sessions and seeds the log hashes. A local
+    # run (make run / make test / CI opt in with SLUICE_LOCAL_SECRET=1, or DEBUG) gets a random
+    # key kept in var/ for this checkout; anything else must be given SECRET_KEY.
+    # pytest (8.2+) names itself in PYTEST_VERSION: a test session is a local run too.
+    if not (DEBUG or env_bool("SLUICE_LOCAL_SECRET", False) or os.environ.get("PYTEST_VERSION")):
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set it (and the same value on every API process); "
+            "for a local run set SLUICE_LOCAL_SECRET=1 instead."
+        )
+    SECRET_KEY = local_secret(BASE_DIR / "var" / "local-secret-key")
 ALLOWED_HOSTS = [
     h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h.strip()
 ]

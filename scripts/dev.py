@@ -129,7 +129,9 @@ def start_worker(
     say(
         f"starting worker {WORKER_ID} on {', '.join(str(p.relative_to(ROOT)) for p in workspaces.values())}"
     )
-    args = [PY, "manage.py", "runworker", "--worker-id", WORKER_ID, "--token", token, "--api", base]
+    # The token travels in the environment, not on a command line every local user can read.
+    env = {**env, "SLUICE_WORKER_TOKEN": token}
+    args = [PY, "manage.py", "runworker", "--worker-id", WORKER_ID, "--api", base]
     for workspace_id, path in workspaces.items():
         args += ["--workspace", f"{workspace_id}={path}"]
     args.append("--linked-worktree-lanes")

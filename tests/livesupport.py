@@ -107,7 +107,14 @@ class Process:
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    env.update({"PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "config.settings"})
+    # Children of a test are local runs: they use this checkout's generated secret key.
+    env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "SLUICE_LOCAL_SECRET": "1",
+        }
+    )
     env.update(extra or {})
     return env
 

@@ -23,4 +23,7 @@ def assignment_dispatch(*, assignment: dict[str, Any], expires: datetime) -> Non
         expires=expires,
         retry=True,
         retry_policy=PUBLISH_RETRY,
+        # Celery logs a task's arguments when it fails; they hold file content and commands.
+        argsrepr=f"(<assignment {assignment['assignmentId']}>,)",
+        kwargsrepr="{}",
     )

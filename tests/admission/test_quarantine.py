@@ -12,18 +12,22 @@ from test_admission_capacity import held
 
 from admission.models import Quarantine
 from admission.queue import SyncQueue, worker_keys
+from workspaces.signing import sign, signing_key_for_token
 
 
-def _settle_running(worker_id: str, payload: dict) -> bool:
+def _settle_running(worker_id: str, token: str, payload: dict) -> bool:
+    """Settle the one running call exactly as its worker would (signed with its token's key)."""
     client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
     keys = worker_keys(settings.REDIS_KEY_PREFIX, worker_id)
     (entry,) = [json.loads(v) for v in client.hgetall(keys.entries).values()]
+    body = {"entry": entry["id"], "payload": payload}
+    signed = dict(payload, sig=sign(signing_key_for_token(token), "settlement", body))
     return SyncQueue(client, settings.REDIS_KEY_PREFIX).settle(
         worker_id=worker_id,
         entry_id=entry["id"],
         incarnation=entry["inc"],
         ticket=entry["seq"],
-        payload=payload,
+        payload=signed,
     )
 
 
@@ -48,7 +52,7 @@ def test_an_unknown_outcome_quarantines_the_key_until_an_operator_releases_it(
             },
             "quarantine": True,
         }
-        assert _settle_running(owner.worker_id, unknown)
+        assert _settle_running(owner.worker_id, owner.worker_token, unknown)
         r = pending.result()
         assert r.status_code == 503 and r.json()["code"] == "WRITE_UNAVAILABLE"
         (q,) = Quarantine.objects.filter(worker_id=owner.worker_id, released_at__isnull=True)

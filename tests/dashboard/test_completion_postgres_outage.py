@@ -138,3 +138,30 @@ def test_calls_made_while_postgres_is_down_get_a_typed_503_and_their_rows_land_o
     finally:
         calls.close()
         stream.close()
+
+
+def test_a_malformed_stream_entry_is_dropped_and_the_rows_behind_it_land(transactional_db: None) -> None:
+    import uuid
+
+    import redis
+    from django.conf import settings
+
+    from admission.completion import CompletionDraft, CompletionDrainer, _encode, stream_key
+    from admission.models import CompletionLog
+
+    client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
+    drainer = CompletionDrainer(client, block_ms=10)
+    drainer.consumer = f"test-{uuid.uuid4().hex[:6]}"
+    drainer.ensure_group()
+    good = CompletionDraft(operation="read_file", outcome="completed", admission_outcome="admitted")
+    good.finish(200)
+    client.xadd(stream_key(), {"uid": "x" * 40, "started": "not-a-time", "http_status": "oops"})
+    client.xadd(stream_key(), _encode(good.row()))
+    for _ in range(5):
+        drainer.drain_once()
+        if CompletionLog.objects.filter(uid=good.uid).exists():
+            break
+    assert CompletionLog.objects.filter(uid=good.uid).count() == 1
+    assert client.xlen(stream_key()) == 0 or all(
+        f.get("uid") != "x" * 40 for _, f in client.xrange(stream_key())
+    )

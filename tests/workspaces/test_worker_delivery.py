@@ -55,14 +55,17 @@ def logged(worker: Worker, message: str, timeout_s: float = 10.0) -> dict[str, A
 def run_a_fresh_assignment(owner: Any, marker: Path) -> None:
     """Proves the worker consumes and runs assignments: whatever it dropped, it dropped on purpose."""
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
-    publish(owner.worker_id, assignment(owner.worker_id, entry_id, grant, RUN_ONCE))
+    publish(
+        owner.worker_id,
+        assignment(owner.worker_id, entry_id, grant, RUN_ONCE, token=owner.worker_token),
+    )
     settled = wait_for_settlement(owner.worker_id, entry_id, timeout_s=10)
     assert settled is not None and settled["ok"] is True, settled
 
 
 def test_duplicate_delivery_of_one_assignment_runs_it_once(owner, worker, marker):
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
-    message = assignment(owner.worker_id, entry_id, grant, RUN_ONCE)
+    message = assignment(owner.worker_id, entry_id, grant, RUN_ONCE, token=owner.worker_token)
     # The same message twice, task id included: what a broker redelivery looks like.
     publish(owner.worker_id, message, task_id=entry_id)
     publish(owner.worker_id, message, task_id=entry_id)
@@ -81,7 +84,12 @@ def test_an_assignment_past_its_exec_deadline_is_dropped_and_never_runs(owner, w
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
     # A message the broker hands over late: its deadline has passed by the time it arrives.
     late = assignment(
-        owner.worker_id, entry_id, grant, RUN_ONCE, execDeadlineMs=grant.admitted_ms - 1
+        owner.worker_id,
+        entry_id,
+        grant,
+        RUN_ONCE,
+        token=owner.worker_token,
+        execDeadlineMs=grant.admitted_ms - 1,
     )
     publish(owner.worker_id, late)
 
@@ -98,7 +106,7 @@ def test_an_assignment_for_the_previous_incarnation_is_dropped_by_the_new_one(
     owner, worker, marker
 ):
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
-    stale = assignment(owner.worker_id, entry_id, grant, RUN_ONCE)
+    stale = assignment(owner.worker_id, entry_id, grant, RUN_ONCE, token=owner.worker_token)
     assert stale["incarnation"] == worker.incarnation
     worker.stop()
     # The message waits in the worker's queue (same name across incarnations) until the worker
@@ -118,7 +126,14 @@ def test_an_assignment_naming_another_worker_is_dropped(owner, worker, marker):
     entry_id, grant = admit(owner.worker_id, RUN_ONCE, exec_budget_ms=EXEC_BUDGET_MS)
     publish(
         owner.worker_id,
-        assignment(owner.worker_id, entry_id, grant, RUN_ONCE, workerId="someone-else"),
+        assignment(
+            owner.worker_id,
+            entry_id,
+            grant,
+            RUN_ONCE,
+            token=owner.worker_token,
+            workerId="someone-else",
+        ),
     )
     logged(worker, "assignment for another incarnation dropped")
     assert not marker.exists()
@@ -131,7 +146,12 @@ def test_an_assignment_that_cannot_start_before_its_deadline_is_refused_unstarte
     # Less than the worker's settle margin (500 ms) left when it arrives: too late to start,
     # still early enough to say so.
     tight = assignment(
-        owner.worker_id, entry_id, grant, RUN_ONCE, execDeadlineMs=grant.admitted_ms + 450
+        owner.worker_id,
+        entry_id,
+        grant,
+        RUN_ONCE,
+        token=owner.worker_token,
+        execDeadlineMs=grant.admitted_ms + 450,
     )
     publish(owner.worker_id, tight)
     settled = wait_for_settlement(owner.worker_id, entry_id, timeout_s=10)

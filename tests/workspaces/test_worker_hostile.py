@@ -114,6 +114,7 @@ def call_settled_by_a_hostile_worker(
                 incarnation=entry["inc"],
                 ticket=entry["seq"],
                 payload=payload,
+                token=owner.worker_token,
             )
             return pending.result(timeout=10)
     finally:

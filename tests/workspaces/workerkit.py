@@ -23,6 +23,7 @@ from sluice_client.protocol import isolation_key, validate_request
 
 from admission.queue import AsyncQueue, Grant, SyncQueue, worker_keys
 from workspaces.dispatch import worker_queue_name
+from workspaces.signing import sign, signing_key_for_token
 
 EXECUTE = "/v1/workspace-tools/execute"
 
@@ -79,9 +80,19 @@ def running_entry(worker_id: str, timeout_s: float = 10.0) -> tuple[str, dict[st
 
 
 def settle(
-    worker_id: str, entry_id: str, *, incarnation: str, ticket: int, payload: dict[str, Any]
+    worker_id: str,
+    entry_id: str,
+    *,
+    incarnation: str,
+    ticket: int,
+    payload: dict[str, Any],
+    token: str,
 ) -> bool:
-    """Settle an entry exactly as a worker does (and as any holder of broker credentials can)."""
+    """Settle an entry exactly as the worker holding `token` does (signed with its key)."""
+    payload = dict(payload)
+    payload["sig"] = sign(
+        signing_key_for_token(token), "settlement", {"entry": entry_id, "payload": payload}
+    )
     with admission_redis() as client:
         return SyncQueue(client, settings.REDIS_KEY_PREFIX).settle(
             worker_id=worker_id,
@@ -141,9 +152,16 @@ def release(worker_id: str, entry_id: str, ticket: int) -> bool:
 
 
 def assignment(
-    worker_id: str, entry_id: str, grant: Grant, body: dict[str, Any], **overrides: Any
+    worker_id: str,
+    entry_id: str,
+    grant: Grant,
+    body: dict[str, Any],
+    *,
+    token: str,
+    **overrides: Any,
 ) -> dict[str, Any]:
-    """The message the API hands to Celery (admission/services.py `_assignment`)."""
+    """The message the API hands to Celery (admission/services.py `_assignment`), signed with
+    the key of the worker holding `token` as the API signs it."""
     validated = validate_request(body)
     message = {
         "assignmentId": entry_id,
@@ -157,6 +175,7 @@ def assignment(
         "commandTimeoutMs": validated.get("timeoutMs", 30_000),
     }
     message.update(overrides)
+    message["sig"] = sign(signing_key_for_token(token), "assignment", message)
     return message
 
 

@@ -6,10 +6,12 @@ import logging
 import time
 from typing import Any
 
+from redis.exceptions import RedisError
 from sluice_client.protocol import MAX_ERROR_CHARS, MUTATING_OPERATIONS
 
 from workspaces.operations import OperationError, OutcomeUnknown, resolve_lane, run_operation
 from workspaces.runtime import state as worker_state
+from workspaces.signing import sign, unsigned, verify
 
 log = logging.getLogger("sluice.worker")
 
@@ -40,6 +42,11 @@ def assignment_run(assignment: dict[str, Any]) -> None:
     if st is None:
         log.error("assignment received outside a running worker; dropped")
         return
+    if not verify(st.signing_key, "assignment", unsigned(assignment), assignment.get("sig")):
+        # Not from the API: another broker client (e.g. another tenant's worker) forged it.
+        st.count_drop("forged")
+        log.warning("assignment with a bad signature dropped", extra={"worker_id": st.worker_id})
+        return
     ticket = int(assignment["ticket"])
     fields = {"worker_id": st.worker_id, "ticket": ticket, "slot": assignment.get("slot")}
     if (
@@ -59,13 +66,22 @@ def assignment_run(assignment: dict[str, Any]) -> None:
         log.warning("assignment past its deadline dropped", extra=fields)
         return
     payload = _execute(st, assignment, remaining_ms)
-    accepted = st.queue.settle(
-        worker_id=st.worker_id,
-        entry_id=str(assignment["assignmentId"]),
-        incarnation=st.incarnation,
-        ticket=ticket,
-        payload=payload,
-    )
+    entry_id = str(assignment["assignmentId"])
+    payload["sig"] = sign(st.signing_key, "settlement", {"entry": entry_id, "payload": payload})
+    try:
+        accepted = st.queue.settle(
+            worker_id=st.worker_id,
+            entry_id=entry_id,
+            incarnation=st.incarnation,
+            ticket=ticket,
+            payload=payload,
+        )
+    except RedisError:
+        # Logged without the assignment: its request holds file content or command text.
+        log.error(
+            "settlement failed: Redis unavailable; the call ends at its deadline", extra=fields
+        )
+        return
     if not accepted:
         log.warning("settlement discarded: the assignment is no longer live", extra=fields)
 

@@ -21,6 +21,8 @@ class WorkerState:
     workspaces: dict[str, WorkspaceRoot]
     lanes: bool
     queue: SyncQueue
+    # HMAC key shared with the API alone: SHA-256 of this worker's token (workspaces/signing.py).
+    signing_key: bytes
     # Redis clock minus this host's clock, in ms: deadlines are on Redis's clock.
     clock_offset_ms: float = 0.0
     seen: dict[int, float] = field(

@@ -21,6 +21,7 @@ from workspaces.runtime.config import (
     parse_workspaces,
 )
 from workspaces.runtime.control import ControlPlane, RegistrationRefused
+from workspaces.signing import signing_key_for_token
 
 log = logging.getLogger("sluice.worker")
 
@@ -30,7 +31,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--worker-id", required=True)
-        parser.add_argument("--token", required=True)
+        parser.add_argument(
+            "--token",
+            default=os.environ.get("SLUICE_WORKER_TOKEN"),
+            help="The worker token; better given as SLUICE_WORKER_TOKEN (a command line is visible to ps).",
+        )
         parser.add_argument("--workspace", action="append", default=[], metavar="ID=PATH")
         parser.add_argument("--linked-worktree-lanes", action="store_true")
         parser.add_argument("--slots", type=int, default=None)
@@ -39,6 +44,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not options["token"]:
+            raise CommandError(
+                "a worker token is required: set SLUICE_WORKER_TOKEN (or pass --token)"
+            )
         try:
             workspaces = parse_workspaces(options["workspace"])
             slots = check_slots(
@@ -73,6 +82,7 @@ class Command(BaseCommand):
             workspaces={w.workspace_id: w for w in workspaces},
             lanes=lanes,
             queue=sync_queue(),
+            signing_key=signing_key_for_token(options["token"]),
         )
         state.sync_clock()
         worker_state.install(state)
@@ -101,6 +111,14 @@ class Command(BaseCommand):
             self.stdout.flush()
 
         worker_ready.connect(announce, weak=False)
+        # Kombu's Redis transport keeps unacknowledged messages in keys shared by every
+        # consumer; per-queue names let a Redis ACL confine this worker to its own keys.
+        app.conf.broker_transport_options = {
+            **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+            "unacked_key": f"unacked.{queue}",
+            "unacked_index_key": f"unacked_index.{queue}",
+            "unacked_mutex_key": f"unacked_mutex.{queue}",
+        }
         worker = app.Worker(
             queues=[queue],
             concurrency=slots,

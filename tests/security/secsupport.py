@@ -1,0 +1,226 @@
+"""Shared by the security tests: request bodies, answer fingerprints, a database and Redis
+scan for raw secrets, and a throwaway Redis server whose ACLs a test may change freely.
+
+Nothing here stands in for a part of Sluice. The throwaway Redis is a real `redis-server` of
+the test's own on a free loopback port: the shared Redis of the machine is never given an ACL.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from django.db import connection
+from livesupport import free_port
+
+EXECUTE = "/v1/workspace-tools/execute"
+CANCEL = "/v1/workspace-tools/requests/{}"
+
+# Headers whose value depends on the caller's own rate-limit budget (which every call spends
+# from) or on the clock, not on what the call asked about.
+BUDGET_HEADERS = {"date", "ratelimit-remaining", "ratelimit-reset", "ratelimit"}
+
+
+def body(operation: str, workspace: str = "repo", **fields: Any) -> dict[str, Any]:
+    return {"protocolVersion": 1, "operation": operation, "workspaceId": workspace, **fields}
+
+
+def fingerprint(response: httpx.Response) -> tuple[int, bytes, tuple[tuple[str, str], ...]]:
+    """What a caller can observe of an answer: status, exact body bytes, and every header
+    (names always; values unless they only reflect the caller's own budget or the clock)."""
+    headers = tuple(
+        sorted(
+            (name.lower(), "" if name.lower() in BUDGET_HEADERS else value)
+            for name, value in response.headers.items()
+        )
+    )
+    return response.status_code, response.content, headers
+
+
+def tables_containing(needle: str) -> list[str]:
+    """Every table of the database (Django's own included) with a row whose text has `needle`."""
+    found = []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'"
+        )
+        for (table,) in cursor.fetchall():
+            cursor.execute(
+                f'SELECT count(*) FROM "{table}" t WHERE t::text LIKE %s',
+                [f"%{needle}%"],
+            )
+            if cursor.fetchone()[0]:
+                found.append(table)
+    return found
+
+
+def redis_dump(client: redis.Redis, prefix: str) -> str:
+    """Every key under `prefix` with its value, as one text (strings, hashes, lists, sets, streams)."""
+    parts: list[str] = []
+    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        kind = client.type(key)
+        value: Any
+        if kind == "string":
+            value = client.get(key)
+        elif kind == "hash":
+            value = client.hgetall(key)
+        elif kind == "list":
+            value = client.lrange(key, 0, -1)
+        elif kind == "set":
+            value = client.smembers(key)
+        elif kind == "zset":
+            value = client.zrange(key, 0, -1, withscores=True)
+        elif kind == "stream":
+            value = client.xrange(key)
+        else:
+            value = kind
+        parts.append(f"{key} {value!r}")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------
+# Redis ACL for one worker (docs/security.md shows the same rules).
+
+WORKER_COMMANDS = (
+    # connection and clock
+    "+hello",
+    "+ping",
+    "+time",
+    # Celery/kombu consumer: pop its queue, remember unacked deliveries, bind its queue,
+    # the restore mutex (a Lua script), restoring its own messages
+    "+brpop",
+    "+llen",
+    "+lpush",
+    "+rpush",
+    "+multi",
+    "+exec",
+    "+watch",
+    "+unwatch",
+    "+sadd",
+    "+zadd",
+    "+zrem",
+    "+zrange",
+    "+hset",
+    "+hget",
+    "+hdel",
+    "+set",
+    "+get",
+    "+del",
+    # settle.lua (and _common.lua) run with the caller's permissions, command by command
+    "+hmget",
+    "+hincrby",
+    "+pexpire",
+    "+evalsha",
+    "+script|load",
+)
+
+
+def worker_queue(worker_id: str) -> str:
+    return f"sluice.worker.{worker_id}"
+
+
+def worker_key_patterns(prefix: str, worker_id: str, *, shared_unacked: bool) -> list[str]:
+    """The keys a worker touches: its admission keys and its own Celery queue.
+
+    `shared_unacked`: kombu's default bookkeeping of delivered-but-unacknowledged messages,
+    one hash for every consumer of the broker (which holds other workers' assignments). The
+    alternative is one set of those keys per worker, named after its queue.
+    """
+    queue = worker_queue(worker_id)
+    celery = f"{prefix}celery:"
+    patterns = [
+        f"~{prefix}adm:{{w:{worker_id}}}:*",
+        f"~{celery}{queue}",
+        # kombu's priority sub-queues, <queue>\x06\x16<priority>: whatever follows the queue
+        # name must not be a worker-id character, or `W` would also match a worker `W2`.
+        f"~{celery}{queue}[^-A-Za-z0-9._]*",
+        f"~{celery}_kombu.binding.{queue}",
+        f"~{celery}_kombu.binding_permanent.{queue}",
+    ]
+    if shared_unacked:
+        patterns += [f"~{celery}unacked", f"~{celery}unacked_index", f"~{celery}unacked_mutex"]
+    else:
+        patterns += [
+            f"~{celery}unacked.{queue}",
+            f"~{celery}unacked_index.{queue}",
+            f"~{celery}unacked_mutex.{queue}",
+        ]
+    return patterns
+
+
+def worker_acl(
+    prefix: str, worker_id: str, password: str, *, shared_unacked: bool = False
+) -> list[str]:
+    """Arguments of `ACL SETUSER <user> ...` confining one worker to its own keys."""
+    return [
+        "reset",
+        "on",
+        f">{password}",
+        "resetchannels",
+        *WORKER_COMMANDS,
+        *worker_key_patterns(prefix, worker_id, shared_unacked=shared_unacked),
+    ]
+
+
+class ThrowawayRedis:
+    """A `redis-server` of this test module's own, on a free loopback port, no persistence."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server is not installed")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.admin = redis.Redis(port=self.port, decode_responses=True, socket_timeout=10)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.admin.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.05)
+
+    def url(self, user: str | None = None, password: str | None = None) -> str:
+        auth = f"{user}:{password}@" if user else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def client(self, user: str, password: str) -> redis.Redis:
+        return redis.Redis.from_url(self.url(user, password), decode_responses=True)
+
+    def set_user(self, user: str, rules: list[str]) -> None:
+        self.admin.execute_command("ACL", "SETUSER", user, *rules)
+
+    def stop(self) -> None:
+        self.admin.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
