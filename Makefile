@@ -16,7 +16,7 @@ REQ_FILES := requirements.txt requirements-dev.txt client/pyproject.toml
 REQ_HASH := $(shell cat $(REQ_FILES) | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(REQ_HASH)
 
-.PHONY: run test lint bench fuzz venv
+.PHONY: run test lint bench fuzz soak venv
 
 venv: $(STAMP)
 
@@ -58,3 +58,9 @@ fuzz: venv
 	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
 	$(PY) -m fuzz.run $(FUZZ_ARGS)
+
+# A bounded soak (docs/soak.md): SOAK_SECONDS=60 for a quick check, 600 by default.
+soak: venv
+	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
+	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
+	$(PY) soak/run.py

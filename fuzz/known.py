@@ -1,0 +1,194 @@
+"""Bugs the fuzzer found that are reported but not fixed yet (the `make fuzz` allowlist).
+
+A finding that one of these explains is reported as KNOWN and does not fail the run; anything
+else does. Each bug also has a deterministic probe (fuzz/probes.py, `known_bug=`) and an
+xfail(strict=True) test in tests/test_openapi_schema.py: once the bug is fixed the probe
+passes, `make fuzz` fails with "XPASS" and the test fails too, until the entry is deleted here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+EXECUTE = "/v1/workspace-tools/execute"
+WORKER_FIELDS = {"workerId", "workspaces", "slots", "incarnationId"}
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    id: str
+    where: str
+    summary: str
+    matches: Callable[[str, str, int, bytes], bool]  # method, path, status, request body
+    # Schemathesis checks whose failures it explains; empty: a failing response of any kind.
+    checks: frozenset[str] = frozenset()
+    # An ERROR record the API or worker logs because of it (JSON lines of config/logging.py).
+    logs: Callable[[dict[str, Any]], bool] | None = None
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def nesting_depth(body: bytes) -> int:
+    """The deepest [ / { nesting of a JSON text, counted outside strings."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in body:
+        if in_string:
+            escaped = not escaped and byte == 0x5C
+            in_string = escaped or byte != 0x22
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _unknown_worker_key(method: str, path: str, status: int, body: bytes) -> bool:
+    data = _json(body)
+    return (
+        path.startswith("/v1/workers/")
+        and status == 500
+        and isinstance(data, dict)
+        and bool(set(data) - WORKER_FIELDS)
+    )
+
+
+def _unhashable_operation(method: str, path: str, status: int, body: bytes) -> bool:
+    data = _json(body)
+    return (
+        path == EXECUTE
+        and status == 500
+        and isinstance(data, dict)
+        and isinstance(data.get("operation"), list | dict)
+    )
+
+
+def _deep_json(method: str, path: str, status: int, body: bytes) -> bool:
+    # Python's JSON decoder gives up (RecursionError) somewhere near a depth of 1,000.
+    return status == 500 and nesting_depth(body) > 500
+
+
+def too_long(path: object, root_bytes: int = 300) -> bool:
+    """Whether no filesystem here can hold `path`: a segment over NAME_MAX (255 bytes), or the
+    whole path, under a root of about `root_bytes`, over PATH_MAX (4096 bytes)."""
+    if not isinstance(path, str):
+        return False
+    size = len(path.encode("utf-8", "surrogatepass"))
+    segments = path.split("/")
+    return root_bytes + 1 + size >= 4096 or any(
+        len(s.encode("utf-8", "surrogatepass")) > 255 for s in segments
+    )
+
+
+def _write_too_long(method: str, path: str, status: int, body: bytes) -> bool:
+    data = _json(body)
+    return (
+        path == EXECUTE
+        and status == 503
+        and isinstance(data, dict)
+        and data.get("operation") == "write_file"
+        and too_long(data.get("path"))
+    )
+
+
+def _makedirs_recursion(record: dict[str, Any]) -> bool:
+    exc = str(record.get("exc", ""))
+    return (
+        record.get("message") == "operation failed unexpectedly"
+        and "RecursionError" in exc
+        and "makedirs" in exc
+    )
+
+
+def _never(method: str, path: str, status: int, body: bytes) -> bool:
+    # The answer (503 WRITE_UNAVAILABLE) is a documented one; the worker's log tells it apart.
+    return False
+
+
+def _lenient_worker_fields(method: str, path: str, status: int, body: bytes) -> bool:
+    # Consulted only for negative_data_rejection: a body the document forbids was accepted.
+    return path.startswith("/v1/workers/") and status == 200
+
+
+KNOWN_BUGS = (
+    KnownBug(
+        "worker-unknown-key-500",
+        "workspaces/views.py StrictSerializer.to_internal_value",
+        "POST /v1/workers/{register,heartbeat,deregister} with an unknown top-level key answers "
+        "500: the ValidationError carries a list, DRF's serializer.errors needs a dict.",
+        _unknown_worker_key,
+    ),
+    KnownBug(
+        "unhashable-operation-500",
+        "admission/views.py _fill_known (`body.get('operation') in OPERATIONS`)",
+        'POST execute with "operation" a JSON object or list answers 500 (TypeError: '
+        "unhashable type) on the refusal path instead of 400 INVALID_WORKSPACE_TOOL_REQUEST.",
+        _unhashable_operation,
+    ),
+    KnownBug(
+        "deep-json-500",
+        "admission/views.py _json_body / _fill_known; DRF's JSONParser for /v1/workers/*",
+        "A JSON body nested ~1,000 deep answers 500: json.loads raises RecursionError, which "
+        "is not a ValueError, instead of 400 INVALID_REQUEST.",
+        _deep_json,
+    ),
+    KnownBug(
+        "worker-lenient-fields",
+        "workspaces/views.py RegisterSerializer (DRF BooleanField / IntegerField)",
+        'POST /v1/workers/register accepts what the document forbids: "linkedWorktreeLanes": 0 '
+        'or "yes", "slots": "2" or 2.0.',
+        _lenient_worker_fields,
+        frozenset({"negative_data_rejection"}),
+    ),
+    KnownBug(
+        "deep-path-quarantine",
+        "workspaces/operations/files.py write_file (os.makedirs, line ~210)",
+        "A valid write_file path of ~1,000+ segments (e.g. 'a/' * 1500 + 'f', under 4096 chars) "
+        "makes os.makedirs raise RecursionError; the worker takes it for a mutation that failed "
+        "half-way, answers 503 WRITE_UNAVAILABLE and quarantines the isolation key: one request "
+        "locks a workspace until an operator releases it. Expected 422 INVALID_PATH, no quarantine.",
+        _never,
+        logs=_makedirs_recursion,
+    ),
+    KnownBug(
+        "write-too-long-503",
+        "workspaces/operations/files.py write_file",
+        "write_file of a path no filesystem here can hold (a name over NAME_MAX, 255 bytes, or "
+        "the whole path over PATH_MAX) answers 503 WRITE_UNAVAILABLE, which clients retry, "
+        "instead of 422 INVALID_PATH as read_file answers; even a legal 255-byte name cannot "
+        "be written (the temporary file's longer name fails first).",
+        _write_too_long,
+    ),
+)
+
+
+def known_log(record: dict[str, Any]) -> KnownBug | None:
+    """The known bug that explains an ERROR record a process logged, if any."""
+    return next((bug for bug in KNOWN_BUGS if bug.logs is not None and bug.logs(record)), None)
+
+
+def known_bug(
+    method: str, path: str, status: int, body: bytes, *, check: str = ""
+) -> KnownBug | None:
+    """The known bug that explains a failing answer to this request, if any."""
+    for bug in KNOWN_BUGS:
+        if bug.checks and check not in bug.checks:
+            continue
+        if bug.matches(method, path, status, body):
+            return bug
+    return None
+
+
+def by_id(bug_id: str) -> KnownBug:
+    return next(bug for bug in KNOWN_BUGS if bug.id == bug_id)

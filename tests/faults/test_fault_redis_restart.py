@@ -1,0 +1,312 @@
+"""Redis restarted empty under load (issue 8, item 4).
+
+A dedicated API process and worker run against a throwaway Redis (admission, rate limits,
+completion stream and Celery broker all on it); the shared Redis is never touched. Client
+threads call back to back while Redis is killed and, a few seconds later, started again empty
+on the same port: the worst case, every key is gone.
+
+Covered elsewhere, not repeated here:
+* worker SIGKILL mid-command (504, never run again): tests/workspaces/test_worker_crash.py
+* API SIGKILL with waiters (capacity back by their deadlines):
+  tests/admission/test_admission_deadlines.py
+* the same Celery message delivered twice (runs once): tests/workspaces/test_worker_delivery.py
+* Postgres outage (typed 503, no completion row lost):
+  tests/dashboard/test_completion_postgres_outage.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from django.conf import settings
+from faultkit import EXECUTE, Load, ThrowawayRedis
+from livesupport import ApiServer, Worker, git_workspace, start_api
+
+from admission.models import CompletionLog
+from admission.queue import AsyncQueue, SyncQueue
+
+pytestmark = pytest.mark.e2e
+
+DOWN_S = 3.0
+# Typed answers a call may get around the outage: not started, or (in flight) unknown.
+TYPED_FAILURES = {
+    (503, "ADMISSION_UNAVAILABLE"),  # Redis unreachable: not started
+    (504, "ASSIGNMENT_EXPIRED"),  # in flight when Redis went away: outcome unknown
+    (503, "WORKER_OFFLINE"),  # Redis back, the worker's registration went with it
+    (503, "WORKSPACE_QUEUE_TIMEOUT"),  # behind a call orphaned by the outage (see below)
+}
+READ = {"protocolVersion": 1, "operation": "read_file", "workspaceId": "a", "path": "README.md"}
+
+
+def completion_rows(request_ids: list[str], timeout_s: float = 15.0) -> dict[str, int]:
+    """request id -> number of completion rows, once the drain has caught up (or timed out)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = Counter(
+            CompletionLog.objects.filter(request_id__in=request_ids).values_list(
+                "request_id", flat=True
+            )
+        )
+        if len(counts) == len(set(request_ids)) or time.monotonic() > deadline:
+            return dict(counts)
+        time.sleep(0.2)
+
+
+def wait_for_clean_window(
+    load: Load, since: float, *, window_s: float, timeout_s: float
+) -> float | None:
+    """Seconds after `since` until every call of a `window_s` stretch succeeded, or None."""
+    deadline = since + timeout_s
+    start = since
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        done = [a for a in load.between(start, float("inf")) if a.sent + a.took <= time.monotonic()]
+        failed = [a for a in done if a.status != 200]
+        if failed:
+            start = max(a.sent for a in failed) + 0.001
+        elif done and time.monotonic() - start >= window_s:
+            return start - since
+    return None
+
+
+def post(
+    api: ApiServer, headers: dict[str, str], body: dict[str, Any], **extra: str
+) -> httpx.Response:
+    with httpx.Client(base_url=api.url, timeout=60) as http:
+        return http.post(EXECUTE, json=body, headers=headers | extra)
+
+
+@pytest.fixture
+def stack(
+    live_env: dict[str, str], account_factory: Any, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
+    from admission.policy import policy_update
+
+    # The load is far above the default 120 calls / 30 s of one principal.
+    policy_update({"WORKSPACE_TOOLS_RATE_LIMIT": "1000000/30s"})
+    server = ThrowawayRedis().start()
+    owner = account_factory()
+    prefix = f"{settings.REDIS_KEY_PREFIX}redisdown-{uuid.uuid4().hex[:6]}:"
+    env = live_env | {
+        "REDIS_URL": server.url,
+        "ADMISSION_REDIS_URL": server.url,
+        "CELERY_BROKER_URL": server.url,
+        "SLUICE_REDIS_PREFIX": prefix,
+    }
+    api: ApiServer | None = None
+    worker: Worker | None = None
+    try:
+        api = start_api(env)
+        worker = Worker(
+            worker_id=owner.worker_id,
+            token=owner.worker_token,
+            workspaces={"a": git_workspace(tmp_path / "a")},
+            api_url=api.url,
+            env=env,
+            slots=3,
+        ).start()
+        yield {
+            "redis": server,
+            "api": api,
+            "worker": worker,
+            "owner": owner,
+            "prefix": prefix,
+            "headers": owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id},
+            "markers": tmp_path / "markers",
+        }
+    finally:
+        if worker is not None:
+            worker.kill()
+        if api is not None:
+            api.process.stop()
+        server.kill()
+
+
+def test_redis_restarted_empty_under_load_gives_typed_503s_then_recovers_with_nothing_stuck(
+    stack: dict[str, Any],
+) -> None:
+    server: ThrowawayRedis = stack["redis"]
+    api: ApiServer = stack["api"]
+    worker: Worker = stack["worker"]
+    load = Load(api.url, stack["headers"], "a", str(stack["markers"]), threads=6).start()
+    try:
+        time.sleep(2.0)
+        killed = time.monotonic()
+        server.kill()
+        time.sleep(DOWN_S)
+        server.start()  # same port, empty
+        back = time.monotonic()
+        # The worker's registration went with Redis. Its next heartbeat (every 5 s) is told so
+        # and it shuts down (the xfail test below); under a supervisor it comes back as a new
+        # incarnation. Play the supervisor.
+        assert worker.process is not None
+        worker.process.proc.wait(timeout=30)
+        worker.start()
+        restarted = time.monotonic()
+        recovered = wait_for_clean_window(load, restarted, window_s=3.0, timeout_s=25.0)
+    finally:
+        load.stop()
+    answers = load.answers
+    assert not load.errors, load.errors[:5]
+    outcomes = Counter((a.status, a.code) for a in answers)
+
+    # Before the fault every call succeeded.
+    before = [a for a in answers if a.sent + a.took < killed]
+    assert before and all(a.status == 200 for a in before), outcomes
+
+    # Every answer, whenever it came, is typed JSON: 200 or a typed failure. Never a 500,
+    # never HTML.
+    for a in answers:
+        assert a.content_type == "application/json", a
+        assert a.status == 200 or (a.status, a.code) in TYPED_FAILURES, a
+
+    # While Redis was down, calls were refused promptly, typed and "not started".
+    down = load.between(killed + 0.5, back - 0.2)
+    assert down, "no call was made while Redis was down"
+    assert {(a.status, a.code) for a in down} <= {
+        (503, "ADMISSION_UNAVAILABLE"),
+        (504, "ASSIGNMENT_EXPIRED"),
+    }
+    refused = [a for a in down if a.code == "ADMISSION_UNAVAILABLE"]
+    assert refused and max(a.took for a in refused) < 3.0
+    assert all("not started" in a.text for a in refused)
+
+    # Full recovery: once the worker is back, calls succeed again. Not at once: each waiter
+    # whose stale connection broke after the restart leaves an orphaned entry that holds key
+    # "a" for 3 s once granted (the second xfail test), so recovery takes a few seconds.
+    assert recovered is not None, Counter(
+        (a.status, a.code) for a in load.between(restarted, float("inf"))
+    )
+
+    # No command ran twice.
+    markers = stack["markers"].read_text().split()
+    assert len(markers) == len(set(markers))
+
+    # Nothing is stuck in the worker's queue, and every Sluice key but two has a TTL. The two:
+    # the completion stream (drained and trimmed, never expired: its consumer group must
+    # outlive any row) and the /metrics counters (cumulative by design). Celery's own keys
+    # (queue list, bindings) are left out: they are Celery's.
+    prefix = stack["prefix"]
+    client = server.client()
+    try:
+        time.sleep(0.5)
+        assert SyncQueue(client, prefix).snapshot(stack["owner"].worker_id)[1] == []
+        no_ttl = {
+            k
+            for k in client.scan_iter(match=f"{prefix}*")
+            if not k.startswith(f"{prefix}celery:") and client.pttl(k) == -1
+        }
+        assert no_ttl <= {f"{prefix}log:completions", f"{prefix}metrics:calls"}, no_ttl
+    finally:
+        client.close()
+
+    # Every call left exactly one completion row: rows of calls made while Redis was down went
+    # straight to Postgres, the rest through the stream.
+    rows = completion_rows([a.request_id for a in answers])
+    missing = [a.request_id for a in answers if rows.get(a.request_id, 0) == 0]
+    doubled = [rid for rid, n in rows.items() if n > 1]
+    assert not missing and not doubled, (len(missing), doubled[:5])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a worker whose registration vanished with an empty Redis restart exits instead "
+    "of registering again (workspaces/management/commands/runworker.py _heartbeat: any 409 from "
+    "/v1/workers/heartbeat means 'shut down'; heartbeat.lua cannot tell 'replaced' from 'gone'); "
+    "without a supervisor the worker stays offline for good",
+)
+def test_a_worker_registers_again_by_itself_after_redis_comes_back_empty(
+    stack: dict[str, Any],
+) -> None:
+    server: ThrowawayRedis = stack["redis"]
+    api: ApiServer = stack["api"]
+    assert post(api, stack["headers"], READ).status_code == 200
+    server.kill()
+    time.sleep(1.0)
+    server.start()
+    deadline = time.monotonic() + 15
+    last = None
+    while time.monotonic() < deadline:
+        last = post(api, stack["headers"], READ)
+        if last.status_code == 200:
+            break
+        time.sleep(0.3)
+    assert last is not None and last.status_code == 200, last.text if last else None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: admission/services.py _admitted_call leaves a waiter's queue entry behind when "
+    "its BLPOP fails with a RedisError (only CancelledError takes it out); once granted, the "
+    "orphan holds its isolation key and slot until the 3 s unclaimed-grant prune, so calls "
+    "behind it time out",
+)
+def test_a_waiter_whose_redis_connection_breaks_leaves_the_queue(stack: dict[str, Any]) -> None:
+    server: ThrowawayRedis = stack["redis"]
+    api: ApiServer = stack["api"]
+    worker_id = stack["owner"].worker_id
+
+    async def hold() -> tuple[AsyncQueue, Any]:
+        client = aioredis.Redis.from_url(server.url, decode_responses=True)
+        queue = AsyncQueue(client, stack["prefix"])
+        entered = await queue.enter(
+            worker_id=worker_id,
+            entry_id="holder",
+            key=("a", ""),
+            queue_budget_ms=30_000,
+            exec_budget_ms=30_000,
+            queue_limit=32,
+            slot_ceiling=8,
+            operation="execute_command",
+        )
+        assert entered.status == "granted"
+        return queue, entered
+
+    # A call granted outside the API holds key "a", so the next call on it waits (BLPOP).
+    loop = asyncio.new_event_loop()
+    try:
+        queue, entered = loop.run_until_complete(hold())
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(post, api, stack["headers"], READ)
+            admin = server.client()
+            try:
+                blocked: list[dict[str, Any]] = []
+                deadline = time.monotonic() + 10
+                while not blocked:
+                    assert time.monotonic() < deadline, "the call never blocked"
+                    blocked = [
+                        c
+                        for c in admin.client_list(_type="normal")
+                        if c["cmd"] == "blpop" and "b" in c["flags"]
+                    ]
+                    time.sleep(0.02)
+                # Its connection breaks (a network blip, a proxy timeout): a typed 503.
+                admin.client_kill_filter(_id=blocked[0]["id"])
+            finally:
+                admin.close()
+            broken = waiting.result(timeout=30)
+        assert (broken.status_code, broken.json()["code"]) == (503, "ADMISSION_UNAVAILABLE")
+        # The holder finishes: key "a" is free, and a call with a 1 s budget gets it at once.
+        assert loop.run_until_complete(
+            queue.release(
+                worker_id=worker_id,
+                entry_id="holder",
+                ticket=entered.ticket,
+                slot_ceiling=8,
+            )
+        )
+        loop.run_until_complete(queue.client.aclose())
+    finally:
+        loop.close()
+    after = post(api, stack["headers"], READ, **{"X-LibreChat-Workspace-Queue-Wait-Ms": "1000"})
+    assert after.status_code == 200, after.text
