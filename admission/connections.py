@@ -123,10 +123,11 @@ def sync_client(**kwargs: Any) -> Any:
 
 def async_client(**kwargs: Any) -> Any:
     """An asyncio client for the admission Redis (a cluster client when configured)."""
+    # Both asyncio clients refuse a command outright (MaxConnectionsError) once their pool's
+    # max_connections are busy (redis-py 8 bounds the plain one too); with a thousand calls in
+    # flight that would turn a burst into 503s, so the bound is the blocking pool's.
+    kwargs.setdefault("max_connections", BLOCKING_MAX_CONNECTIONS)
     if cluster_enabled():
-        # The asyncio cluster client refuses a command outright (MaxConnectionsError) once a
-        # node has max_connections [100] busy, where the plain client's pool has no bound.
-        kwargs.setdefault("max_connections", BLOCKING_MAX_CONNECTIONS)
         return _AsyncCluster.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
     return aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
 
