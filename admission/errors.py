@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import DatabaseError
 from django.http import JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -58,6 +59,18 @@ _DRF_CODES = {
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF's handler, reshaped so every DRF view answers in the typed error shape."""
+    if isinstance(exc, RecursionError):
+        # JSON nested past Python's limit: not a request (DRF's parser only maps ValueError).
+        return Response(
+            {"error": "The body is not valid JSON.", "code": "INVALID_REQUEST"}, status=400
+        )
+    if isinstance(exc, DatabaseError):
+        # Postgres is away: a typed, retryable answer instead of Django's HTML 500.
+        return Response(
+            {"error": "The service's database is unavailable.", "code": "DATABASE_UNAVAILABLE"},
+            status=503,
+            headers={"Retry-After": "5"},
+        )
     if isinstance(exc, ApiError):
         typed = Response({"error": exc.message, "code": exc.code}, status=exc.status)
         for name, value in exc.headers.items():

@@ -395,6 +395,11 @@ async def _admitted_call(
         draft.outcome, draft.admission_outcome = "disconnected", "cancelled"
         await asyncio.shield(_leave_or_release(call, queue, policy))
         raise
+    except RedisError:
+        # The wait broke (say, Redis restarted under it): take the entry out if Redis is back,
+        # so a grant nobody will use does not hold the key.
+        await asyncio.shield(_leave_or_release(call, queue, policy))
+        raise
     admitted_at = time.monotonic()
     draft.queue_wait_ms = int((admitted_at - draft.started_monotonic) * 1000)
     draft.slot_index = grant.slot

@@ -61,7 +61,8 @@ def _json_body(request: HttpRequest) -> Any:
         raise ApiError(413, "REQUEST_TOO_LARGE", "The request body is too large.") from None
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: JSON nested past Python's limit is not a request either.
         raise ApiError(400, "INVALID_REQUEST", "The body is not valid JSON.") from None
 
 
@@ -117,11 +118,11 @@ def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
     try:
         raw = request.body
         body = json.loads(raw) if len(raw) <= _FILL_BODY_MAX_BYTES else None
-    except (ValueError, UnicodeDecodeError, RequestDataTooBig):
+    except (ValueError, UnicodeDecodeError, RecursionError, RequestDataTooBig):
         return
     if not isinstance(body, dict):
         return
-    if body.get("operation") in OPERATIONS:
+    if isinstance(body.get("operation"), str) and body["operation"] in OPERATIONS:
         draft.operation = str(body["operation"])
     workspace, worktree = body.get("workspaceId"), body.get("worktree")
     if isinstance(workspace, str) and _WORKSPACE_ID_RE.fullmatch(workspace):
@@ -161,7 +162,7 @@ async def execute(request: HttpRequest) -> HttpResponse:
     call: Call | None = None
     try:
         if request.method != "POST":
-            raise ApiError(405, "METHOD_NOT_ALLOWED", "Use POST.")
+            raise ApiError(405, "METHOD_NOT_ALLOWED", "Use POST.", headers={"Allow": "POST"})
         if _declared_too_large(request):
             raise ApiError(413, "REQUEST_TOO_LARGE", "The request body is too large.")
         # Validation runs first but speaks only after authentication: an unauthenticated
@@ -219,6 +220,21 @@ async def execute(request: HttpRequest) -> HttpResponse:
         error = _database_unavailable(draft)
         draft.finish(error.status, error.code)
         return _with_budget_headers(error.response(), call)
+    except Exception:
+        # Anything unforeseen still gets a typed answer and its completion row.
+        log.exception("unexpected error on the execute path")
+        _fill_known(request, draft)
+        draft.finish(500, "INTERNAL_ERROR")
+        return _with_budget_headers(
+            JsonResponse(
+                {
+                    "error": "Internal error; the operation may or may not have run.",
+                    "code": "INTERNAL_ERROR",
+                },
+                status=500,
+            ),
+            call,
+        )
     except asyncio.CancelledError:
         draft.outcome = "disconnected"
         draft.finish(499, "CLIENT_DISCONNECTED")
@@ -234,7 +250,7 @@ async def execute(request: HttpRequest) -> HttpResponse:
 async def request_cancel(request: HttpRequest, request_id: str) -> HttpResponse:
     try:
         if request.method != "DELETE":
-            raise ApiError(405, "METHOD_NOT_ALLOWED", "Use DELETE.")
+            raise ApiError(405, "METHOD_NOT_ALLOWED", "Use DELETE.", headers={"Allow": "DELETE"})
         caller = await authenticate(request)
         try:
             validate_request_id(request_id)
@@ -254,3 +270,10 @@ async def request_cancel(request: HttpRequest, request_id: str) -> HttpResponse:
         return JsonResponse({"state": state})
     except ApiError as exc:
         return exc.response()
+    except (DatabaseError, InterfaceError):
+        return ApiError(
+            503,
+            "DATABASE_UNAVAILABLE",
+            "The service's database is unavailable; nothing was cancelled.",
+            headers={"Retry-After": "5"},
+        ).response()

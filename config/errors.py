@@ -32,3 +32,10 @@ def server_error(request: HttpRequest) -> HttpResponse:
             status=500,
         )
     return defaults.server_error(request)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    # Django answers a disallowed Host (and similar) itself; an API path still gets JSON.
+    if _is_api(request):
+        return JsonResponse({"error": "Bad request.", "code": "INVALID_REQUEST"}, status=400)
+    return defaults.bad_request(request, exception)

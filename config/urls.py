@@ -33,5 +33,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
 ]
 
+handler400 = "config.errors.bad_request"
 handler404 = "config.errors.not_found"
 handler500 = "config.errors.server_error"

@@ -100,16 +100,17 @@ def live_cards(*, worker_ids: list[str] | None = None, client: Any = None) -> li
         workers = [w for w in workers if w.worker_id in worker_ids]
     client = client if client is not None else sync_queue().client
     ceiling, limit = policy_ceilings()
+    # The scripts' clock: entry times are Redis TIME, not this host's. Asked outside the
+    # pipeline: a cluster pipeline refuses a keyless command.
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
     pipe = client.pipeline(transaction=False)
-    pipe.time()  # The scripts' clock: entry times are Redis TIME, not this host's.
     for worker in workers:
         k = worker_keys(settings.REDIS_KEY_PREFIX, worker.worker_id)
         pipe.hgetall(k.reg)
         pipe.zrange(k.queue, 0, -1)
         pipe.hgetall(k.entries)
-    replies = pipe.execute()
-    seconds, micros = replies[0]
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    replies = [None, *pipe.execute()]
     cards = []
     for i, worker in enumerate(workers):
         reg, ids, raw_entries = replies[1 + 3 * i : 4 + 3 * i]

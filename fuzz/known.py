@@ -123,52 +123,12 @@ def _lenient_worker_fields(method: str, path: str, status: int, body: bytes) -> 
 
 KNOWN_BUGS = (
     KnownBug(
-        "worker-unknown-key-500",
-        "workspaces/views.py StrictSerializer.to_internal_value",
-        "POST /v1/workers/{register,heartbeat,deregister} with an unknown top-level key answers "
-        "500: the ValidationError carries a list, DRF's serializer.errors needs a dict.",
-        _unknown_worker_key,
-    ),
-    KnownBug(
-        "unhashable-operation-500",
-        "admission/views.py _fill_known (`body.get('operation') in OPERATIONS`)",
-        'POST execute with "operation" a JSON object or list answers 500 (TypeError: '
-        "unhashable type) on the refusal path instead of 400 INVALID_WORKSPACE_TOOL_REQUEST.",
-        _unhashable_operation,
-    ),
-    KnownBug(
-        "deep-json-500",
-        "admission/views.py _json_body / _fill_known; DRF's JSONParser for /v1/workers/*",
-        "A JSON body nested ~1,000 deep answers 500: json.loads raises RecursionError, which "
-        "is not a ValueError, instead of 400 INVALID_REQUEST.",
-        _deep_json,
-    ),
-    KnownBug(
         "worker-lenient-fields",
         "workspaces/views.py RegisterSerializer (DRF BooleanField / IntegerField)",
         'POST /v1/workers/register accepts what the document forbids: "linkedWorktreeLanes": 0 '
         'or "yes", "slots": "2" or 2.0.',
         _lenient_worker_fields,
         frozenset({"negative_data_rejection"}),
-    ),
-    KnownBug(
-        "deep-path-quarantine",
-        "workspaces/operations/files.py write_file (os.makedirs, line ~210)",
-        "A valid write_file path of ~1,000+ segments (e.g. 'a/' * 1500 + 'f', under 4096 chars) "
-        "makes os.makedirs raise RecursionError; the worker takes it for a mutation that failed "
-        "half-way, answers 503 WRITE_UNAVAILABLE and quarantines the isolation key: one request "
-        "locks a workspace until an operator releases it. Expected 422 INVALID_PATH, no quarantine.",
-        _never,
-        logs=_makedirs_recursion,
-    ),
-    KnownBug(
-        "write-too-long-503",
-        "workspaces/operations/files.py write_file",
-        "write_file of a path no filesystem here can hold (a name over NAME_MAX, 255 bytes, or "
-        "the whole path over PATH_MAX) answers 503 WRITE_UNAVAILABLE, which clients retry, "
-        "instead of 422 INVALID_PATH as read_file answers; even a legal 255-byte name cannot "
-        "be written (the temporary file's longer name fails first).",
-        _write_too_long,
     ),
 )
 

@@ -324,7 +324,6 @@ def _typed(response: httpx.Response, status: int, code: str) -> None:
 
 
 @pytest.mark.e2e
-@_bug("worker-unknown-key-500")
 @pytest.mark.parametrize("action", ["register", "heartbeat", "deregister"])
 def test_worker_endpoints_refuse_an_unknown_key_with_400(
     api: ApiServer, account_factory: Any, action: str
@@ -346,7 +345,6 @@ def test_worker_endpoints_refuse_an_unknown_key_with_400(
 
 
 @pytest.mark.e2e
-@_bug("unhashable-operation-500")
 @pytest.mark.parametrize("operation", [{}, [], ["read_file"]])
 def test_execute_refuses_an_operation_that_is_not_a_string_with_400(
     api: ApiServer, account_factory: Any, operation: Any
@@ -358,7 +356,6 @@ def test_execute_refuses_an_operation_that_is_not_a_string_with_400(
 
 
 @pytest.mark.e2e
-@_bug("deep-json-500")
 @pytest.mark.parametrize("path", [EXECUTE_PATH, "/v1/workers/register"])
 def test_deeply_nested_json_is_refused_with_400(
     api: ApiServer, account_factory: Any, path: str
@@ -382,12 +379,6 @@ def test_worker_register_refuses_what_the_document_forbids(
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (config/urls.py has no handler400; config/errors.py no bad_request): a request "
-    "Django refuses before any view (a Host outside ALLOWED_HOSTS) gets Django's HTML 400 page "
-    "on /v1/workers/*, /healthz and /v1/schema/, not a typed JSON body.",
-)
 @pytest.mark.parametrize("path", ["/v1/workers/register", "/healthz", "/v1/schema/"])
 def test_api_paths_answer_json_even_to_a_disallowed_host(api: ApiServer, path: str) -> None:
     method = "POST" if "workers" in path else "GET"
@@ -397,12 +388,6 @@ def test_api_paths_answer_json_even_to_a_disallowed_host(api: ApiServer, path: s
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (admission/views.py request_cancel; workspaces/views.py worker views): with "
-    "Postgres unreachable, DELETE /v1/workspace-tools/requests/{id} and POST /v1/workers/* "
-    "answer 500 INTERNAL_ERROR; execute answers the typed 503 DATABASE_UNAVAILABLE.",
-)
 def test_cancel_and_worker_endpoints_answer_typed_503_when_postgres_is_down(
     live_env: dict[str, str],
 ) -> None:
@@ -418,11 +403,6 @@ def test_cancel_and_worker_endpoints_answer_typed_503_when_postgres_is_down(
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (admission/views.py execute and request_cancel): 405 METHOD_NOT_ALLOWED carries "
-    "no Allow header (RFC 9110 requires one; the DRF worker views send it).",
-)
 def test_execute_405_names_the_allowed_method(api: ApiServer) -> None:
     response = httpx.put(f"{api.url}{EXECUTE_PATH}")
     _typed(response, 405, "METHOD_NOT_ALLOWED")
@@ -444,7 +424,6 @@ def _write(root: Path, path: str) -> dict[str, object]:
     return run_operation(request, root=str(root.resolve()), deadline=time.monotonic() + 5)
 
 
-@_bug("write-too-long-503")
 @pytest.mark.parametrize("name", ["a" * 256, "d/" + "b" * 300, ("docs/" * 819)[:4090].rstrip("/")])
 def test_write_file_of_a_path_too_long_for_the_filesystem_is_an_invalid_path(
     tmp_path: Path, name: str
@@ -456,7 +435,6 @@ def test_write_file_of_a_path_too_long_for_the_filesystem_is_an_invalid_path(
     assert refused.value.code == "INVALID_PATH"
 
 
-@_bug("deep-path-quarantine")
 def test_write_file_of_a_deep_path_is_refused_without_an_unknown_outcome(tmp_path: Path) -> None:
     from workspaces.operations.errors import OperationError, OutcomeUnknown
 

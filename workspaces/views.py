@@ -29,7 +29,7 @@ class StrictSerializer(serializers.Serializer):
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                raise serializers.ValidationError(f"unknown field {unknown[0]}")
+                raise serializers.ValidationError({unknown[0]: ["unknown field"]})
         return super().to_internal_value(data)
 
 

@@ -301,13 +301,6 @@ def test_an_unreachable_cluster_is_a_redis_error_so_admission_answers_503(
         connections.sync_client(socket_connect_timeout=0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=redis.exceptions.RedisClusterException,
-    reason="BUG: dashboard/live.py live_cards() queues TIME in a pipeline, which redis-py's "
-    "cluster pipeline refuses (RedisClusterException), so /metrics answers 503 and the live "
-    "dashboard fails whenever ADMISSION_REDIS_CLUSTER is on",
-)
 def test_live_cards_and_metrics_read_the_queues_on_the_cluster(on_cluster: str, db: None) -> None:
     from dashboard.live import live_cards
 

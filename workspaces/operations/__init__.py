@@ -7,6 +7,7 @@ still enforced here (see ``paths``), because validation cannot see symlinks.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 
@@ -74,6 +75,11 @@ def run_operation(
     except OSError as exc:
         # Raised before any mutation started (handlers turn failures after that point into
         # OutcomeUnknown), so this is a plain failure. strerror only: exc's filename is a host path.
+        if exc.errno == errno.ENAMETOOLONG:
+            # The caller's path, not a passing failure: a resend could never succeed.
+            raise OperationError(
+                "INVALID_PATH", "The path is too long for the filesystem."
+            ) from None
         code = _UNAVAILABLE.get(operation, "READ_UNAVAILABLE")
         raise OperationError(
             code, f"The worker could not complete {operation}: {exc.strerror}."

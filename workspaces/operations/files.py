@@ -102,6 +102,19 @@ def list_files(request: dict[str, object], *, root: str, deadline: float) -> dic
     return result
 
 
+# Deeper paths are refused before any directory is made (see write_file).
+MAX_WRITE_DEPTH = 256
+NAME_MAX_BYTES = 255
+
+
+def _write_error(rel: str, exc: OSError) -> OperationError:
+    # A name or path the filesystem cannot hold is the caller's path, not a passing failure
+    # (a 503 would invite a resend that can never succeed).
+    if exc.errno == errno.ENAMETOOLONG:
+        return OperationError("INVALID_PATH", f"{describe(rel)} is too long for the filesystem.")
+    return OperationError("WRITE_UNAVAILABLE", f"Could not write {describe(rel)}: {exc.strerror}.")
+
+
 def atomic_write(real: str, rel: str, data: bytes, *, mode: int | None, exclusive: bool) -> None:
     """Replace (or, when ``exclusive``, create) ``real`` so readers see old or new, never half.
 
@@ -112,16 +125,16 @@ def atomic_write(real: str, rel: str, data: bytes, *, mode: int | None, exclusiv
     of the rename itself is ``OutcomeUnknown``.
     """
     directory, name = os.path.split(real)
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.sluice-tmp")
+    # The temporary name stays within NAME_MAX (255 bytes) whatever the target's name is.
+    stem = name.encode()[:200].decode(errors="ignore")
+    tmp = os.path.join(directory, f".{stem}.{secrets.token_hex(6)}.sluice-tmp")
     try:
         # 0o666 lets the umask decide a new file's mode, as any editor would.
         fd = os.open(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666
         )
     except OSError as exc:
-        raise OperationError(
-            "WRITE_UNAVAILABLE", f"Could not write {describe(rel)}: {exc.strerror}."
-        ) from None
+        raise _write_error(rel, exc) from None
     try:
         try:
             view = memoryview(data)
@@ -135,9 +148,7 @@ def atomic_write(real: str, rel: str, data: bytes, *, mode: int | None, exclusiv
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise OperationError(
-            "WRITE_UNAVAILABLE", f"Could not write {describe(rel)}: {exc.strerror}."
-        ) from None
+        raise _write_error(rel, exc) from None
     _commit(tmp, real, rel, exclusive=exclusive)
     # Best effort: the rename is already visible to every reader; this only makes it durable.
     with contextlib.suppress(OSError):
@@ -206,6 +217,15 @@ def write_file(request: dict[str, object], *, root: str, deadline: float) -> dic
             "FILE_EXISTS", f"{describe(rel)} already exists and overwrite is false."
         )
     check_deadline(deadline, "WRITE_TIMEOUT")
+    if rel.count("/") >= MAX_WRITE_DEPTH:
+        # os.makedirs recurses once per missing parent: a path of ~1,500 short segments would
+        # exhaust the stack half-way through and leave an unknown state behind.
+        raise OperationError("INVALID_PATH", f"{describe(rel)} is nested too deeply to create.")
+    if any(len(part.encode()) > NAME_MAX_BYTES for part in rel.split("/")):
+        # Checked before any directory is made: no filesystem here holds such a name.
+        raise OperationError(
+            "INVALID_PATH", f"{describe(rel)} has a name too long for the filesystem."
+        )
     try:
         os.makedirs(os.path.dirname(real), exist_ok=True)
     except (FileExistsError, NotADirectoryError):
@@ -213,9 +233,7 @@ def write_file(request: dict[str, object], *, root: str, deadline: float) -> dic
             "INVALID_PATH", f"A parent of {describe(rel)} is not a directory."
         ) from None
     except OSError as exc:
-        raise OperationError(
-            "WRITE_UNAVAILABLE", f"Could not create the parents of {describe(rel)}: {exc.strerror}."
-        ) from None
+        raise _write_error(rel, exc) from None
     mode = stat.S_IMODE(existing.st_mode) if existing is not None else None
     atomic_write(real, rel, data, mode=mode, exclusive=not overwrite)
     return {"path": rel, "created": existing is None, "bytesWritten": len(data)}
