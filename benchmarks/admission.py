@@ -271,9 +271,17 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
                 await asyncio.sleep(0.25)
             await asyncio.sleep(1.0)
             holding = rss_mb()
-            finished = [t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None]
+            finished = [
+                t.result()
+                for t in tasks
+                if t.done() and not t.cancelled() and t.exception() is None
+            ]
             early = sorted({f"{r.status_code} {r.json().get('code', '')}" for r in finished})
-            failed = [repr(t.exception())[:120] for t in tasks if t.done() and not t.cancelled() and t.exception()]
+            failed = [
+                repr(t.exception())[:120]
+                for t in tasks
+                if t.done() and not t.cancelled() and t.exception()
+            ]
             fifo = all(
                 [e["seq"] for e in sync.snapshot(w)[1]]
                 == sorted(e["seq"] for e in sync.snapshot(w)[1])
@@ -296,7 +304,9 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
                 "rss_holding_mb": round(holding, 1),
                 "rss_per_waiter_kb": round((holding - baseline) * 1024 / waiters, 1),
                 "waiters_left_after_disconnect": left,
-                "answered_early": len(finished), "early_answers": early, "client_errors": failed[:3],
+                "answered_early": len(finished),
+                "early_answers": early,
+                "client_errors": failed[:3],
                 "disconnect_cleanup_s": round(time.monotonic() - cancelled, 2),
             }
 
@@ -305,8 +315,11 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
     finally:
         api.process.stop()
         import os as _os
+
         if _os.environ.get("BENCH_DEBUG"):
-            print("\n".join(line for line in api.process.lines if "Redis unavailable" in line)[:3000])
+            print(
+                "\n".join(line for line in api.process.lines if "Redis unavailable" in line)[:3000]
+            )
 
 
 def throughput(

@@ -140,7 +140,9 @@ def test_calls_made_while_postgres_is_down_get_a_typed_503_and_their_rows_land_o
         stream.close()
 
 
-def test_a_malformed_stream_entry_is_dropped_and_the_rows_behind_it_land(transactional_db: None) -> None:
+def test_a_malformed_stream_entry_is_dropped_and_the_rows_behind_it_land(
+    transactional_db: None,
+) -> None:
     import uuid
 
     import redis
@@ -156,12 +158,12 @@ def test_a_malformed_stream_entry_is_dropped_and_the_rows_behind_it_land(transac
     good = CompletionDraft(operation="read_file", outcome="completed", admission_outcome="admitted")
     good.finish(200)
     client.xadd(stream_key(), {"uid": "x" * 40, "started": "not-a-time", "http_status": "oops"})
-    client.xadd(stream_key(), _encode(good.row()))
+    client.xadd(stream_key(), dict(_encode(good.row())))  # type: ignore[arg-type]
     for _ in range(5):
         drainer.drain_once()
         if CompletionLog.objects.filter(uid=good.uid).exists():
             break
     assert CompletionLog.objects.filter(uid=good.uid).count() == 1
-    assert client.xlen(stream_key()) == 0 or all(
-        f.get("uid") != "x" * 40 for _, f in client.xrange(stream_key())
-    )
+    # The malformed entry was acknowledged and removed, not left to block the drain.
+    remaining = [fields for _, fields in client.xrange(stream_key()) or [] if fields]
+    assert all(fields.get("uid") != "x" * 40 for fields in remaining)
