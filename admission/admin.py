@@ -19,6 +19,7 @@ from sluice_client.protocol import OPERATIONS
 
 from admission.models import AdmissionPolicy, CompletionLog, Quarantine
 from admission.policy import forget_cached_policy, policy_row
+from workspaces.adminfilters import IsSetFilter
 
 # ---------------------------------------------------------------------------------------
 # Admission policy
@@ -86,19 +87,12 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
 # Quarantines
 
 
-class ReleasedFilter(admin.SimpleListFilter):
+class ReleasedFilter(IsSetFilter):
     title = "state"
     parameter_name = "released"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("no", "Quarantined (unreleased)"), ("yes", "Released")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "yes":
-            return queryset.filter(released_at__isnull=False)
-        if self.value() == "no":
-            return queryset.filter(released_at__isnull=True)
-        return queryset
+    field = "released_at"
+    set_label = "Released"
+    unset_label = "Quarantined (unreleased)"
 
 
 class QuarantineAdmin(admin.ModelAdmin):

@@ -16,6 +16,7 @@ from django.forms import ModelChoiceField, ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 
+from workspaces.adminfilters import IsSetFilter
 from workspaces.models import ApiKey, Principal, Tenant, Worker, WorkerWorkspace
 from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret
 
@@ -142,19 +143,12 @@ class PrincipalAdmin(admin.ModelAdmin):
 # API keys
 
 
-class RevokedFilter(admin.SimpleListFilter):
+class RevokedFilter(IsSetFilter):
     title = "revoked"
     parameter_name = "revoked"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "Revoked"), ("no", "Active")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() == "yes":
-            return queryset.filter(revoked_at__isnull=False)
-        if self.value() == "no":
-            return queryset.filter(revoked_at__isnull=True)
-        return queryset
+    field = "revoked_at"
+    set_label = "Revoked"
+    unset_label = "Active"
 
 
 class ApiKeyAdmin(admin.ModelAdmin):

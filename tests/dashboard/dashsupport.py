@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import livesupport
 import redis
 from django.conf import settings
 
@@ -72,13 +72,7 @@ def queue_entries(worker_id: str, prefix: str | None = None) -> list[dict[str, A
 def wait_until(
     predicate: Callable[[], Any], timeout_s: float = 15.0, interval_s: float = 0.05
 ) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s} s")
+    return livesupport.wait_until(predicate, timeout_s=timeout_s, interval_s=interval_s)
 
 
 def landed_rows(request_ids: Iterable[str], timeout_s: float = 15.0) -> dict[str, Any]:
