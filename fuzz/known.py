@@ -121,16 +121,7 @@ def _lenient_worker_fields(method: str, path: str, status: int, body: bytes) -> 
     return path.startswith("/v1/workers/") and status == 200
 
 
-KNOWN_BUGS = (
-    KnownBug(
-        "worker-lenient-fields",
-        "workspaces/views.py RegisterSerializer (DRF BooleanField / IntegerField)",
-        'POST /v1/workers/register accepts what the document forbids: "linkedWorktreeLanes": 0 '
-        'or "yes", "slots": "2" or 2.0.',
-        _lenient_worker_fields,
-        frozenset({"negative_data_rejection"}),
-    ),
-)
+KNOWN_BUGS = ()
 
 
 def known_log(record: dict[str, Any]) -> KnownBug | None:

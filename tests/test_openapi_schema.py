@@ -366,7 +366,6 @@ def test_deeply_nested_json_is_refused_with_400(
 
 
 @pytest.mark.e2e
-@_bug("worker-lenient-fields")
 @pytest.mark.parametrize("field", [{"linkedWorktreeLanes": 0}, {"linkedWorktreeLanes": "yes"}])
 def test_worker_register_refuses_what_the_document_forbids(
     api: ApiServer, account_factory: Any, field: dict[str, Any]

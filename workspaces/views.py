@@ -33,12 +33,30 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """JSON true/false only (DRF's own also takes 0, "yes", "true" ...)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only (DRF's own also takes "2" and 2.0)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if type(data) is not int:
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
 class OfferedWorkspaceSerializer(StrictSerializer):
     workspaceId = serializers.RegexField(WORKSPACE_ID.pattern + r"\Z")
     operations = serializers.ListField(
         child=serializers.ChoiceField(sorted(OPERATIONS)), min_length=1, max_length=len(OPERATIONS)
     )
-    linkedWorktreeLanes = serializers.BooleanField(default=False)
+    linkedWorktreeLanes = StrictBooleanField(default=False)
 
 
 class RegisterSerializer(StrictSerializer):
@@ -46,7 +64,7 @@ class RegisterSerializer(StrictSerializer):
     workspaces = serializers.ListField(
         child=OfferedWorkspaceSerializer(), min_length=1, max_length=256
     )
-    slots = serializers.IntegerField(min_value=1, max_value=MAX_SLOTS)
+    slots = StrictIntegerField(min_value=1, max_value=MAX_SLOTS)
 
     def validate_workspaces(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ids = [w["workspaceId"] for w in value]
