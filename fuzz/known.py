@@ -121,7 +121,8 @@ def _lenient_worker_fields(method: str, path: str, status: int, body: bytes) -> 
     return path.startswith("/v1/workers/") and status == 200
 
 
-KNOWN_BUGS = ()
+# Every bug the fuzz run found has been fixed; a new one goes here with its probe.
+KNOWN_BUGS: tuple[KnownBug, ...] = ()
 
 
 def known_log(record: dict[str, Any]) -> KnownBug | None:
