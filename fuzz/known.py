@@ -54,31 +54,6 @@ def nesting_depth(body: bytes) -> int:
     return deepest
 
 
-def _unknown_worker_key(method: str, path: str, status: int, body: bytes) -> bool:
-    data = _json(body)
-    return (
-        path.startswith("/v1/workers/")
-        and status == 500
-        and isinstance(data, dict)
-        and bool(set(data) - WORKER_FIELDS)
-    )
-
-
-def _unhashable_operation(method: str, path: str, status: int, body: bytes) -> bool:
-    data = _json(body)
-    return (
-        path == EXECUTE
-        and status == 500
-        and isinstance(data, dict)
-        and isinstance(data.get("operation"), list | dict)
-    )
-
-
-def _deep_json(method: str, path: str, status: int, body: bytes) -> bool:
-    # Python's JSON decoder gives up (RecursionError) somewhere near a depth of 1,000.
-    return status == 500 and nesting_depth(body) > 500
-
-
 def too_long(path: object, root_bytes: int = 300) -> bool:
     """Whether no filesystem here can hold `path`: a segment over NAME_MAX (255 bytes), or the
     whole path, under a root of about `root_bytes`, over PATH_MAX (4096 bytes)."""
@@ -89,36 +64,6 @@ def too_long(path: object, root_bytes: int = 300) -> bool:
     return root_bytes + 1 + size >= 4096 or any(
         len(s.encode("utf-8", "surrogatepass")) > 255 for s in segments
     )
-
-
-def _write_too_long(method: str, path: str, status: int, body: bytes) -> bool:
-    data = _json(body)
-    return (
-        path == EXECUTE
-        and status == 503
-        and isinstance(data, dict)
-        and data.get("operation") == "write_file"
-        and too_long(data.get("path"))
-    )
-
-
-def _makedirs_recursion(record: dict[str, Any]) -> bool:
-    exc = str(record.get("exc", ""))
-    return (
-        record.get("message") == "operation failed unexpectedly"
-        and "RecursionError" in exc
-        and "makedirs" in exc
-    )
-
-
-def _never(method: str, path: str, status: int, body: bytes) -> bool:
-    # The answer (503 WRITE_UNAVAILABLE) is a documented one; the worker's log tells it apart.
-    return False
-
-
-def _lenient_worker_fields(method: str, path: str, status: int, body: bytes) -> bool:
-    # Consulted only for negative_data_rejection: a body the document forbids was accepted.
-    return path.startswith("/v1/workers/") and status == 200
 
 
 # Every bug the fuzz run found has been fixed; a new one goes here with its probe.

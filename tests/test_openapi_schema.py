@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 from sluice_client import protocol
 
 from config.schema import EXECUTE_PATH, PATTERNS, openapi_document
-from fuzz import known, oracle, probes, sandbox
+from fuzz import oracle, probes, sandbox
 
 CONTRACT = Path(settings.BASE_DIR).parent / "shared" / "spec" / "CONTRACT.md"
 RATE_LIMITED = "(typed rate limit, §3)"
@@ -305,11 +305,6 @@ def test_live_answers_validate_against_the_document(
 # Bugs found by `make fuzz` and not fixed yet (fuzz/known.py). Each fails today; when the fix
 # lands it passes, strict xfail turns that into a failure, and the mark (and the fuzz/known.py
 # entry) must go.
-
-
-def _bug(bug_id: str) -> pytest.MarkDecorator:
-    bug = known.by_id(bug_id)
-    return pytest.mark.xfail(strict=True, reason=f"BUG ({bug.where}): {bug.summary}")
 
 
 def _post(api: ApiServer, path: str, content: bytes, token: str, **headers: str) -> httpx.Response:
