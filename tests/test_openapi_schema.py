@@ -302,9 +302,8 @@ def test_live_answers_validate_against_the_document(
 
 
 # --------------------------------------------------------------------------------------------
-# Bugs found by `make fuzz` and not fixed yet (fuzz/known.py). Each fails today; when the fix
-# lands it passes, strict xfail turns that into a failure, and the mark (and the fuzz/known.py
-# entry) must go.
+# Regression tests for the bugs `make fuzz` found (all fixed). A new one found by the fuzz run
+# goes to fuzz/known.py with its probe and gets a strict-xfail test here until it is fixed.
 
 
 def _post(api: ApiServer, path: str, content: bytes, token: str, **headers: str) -> httpx.Response:
