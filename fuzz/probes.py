@@ -203,19 +203,16 @@ def worker_errors(p: Prober) -> None:
         ("preview_edit non-UTF-8", 422, "INVALID_REQUEST", body("preview_edit", path="b.dat", edits=missing)),
     ]  # fmt: skip
     p.table(rows)
-    # Reported bugs (fuzz/known.py), each on a key of its own: the first one quarantines it.
+    # Once-reported bugs (now fixed), each on a key of its own: the first one used to quarantine it.
     deep = body("write_file", path="a/" * 1500 + "f", content="x", workspaceInstanceId="d" * 64)
     p.execute(
         "write_file 1,500 segments deep",
         422,
         "INVALID_PATH",
         deep,
-        known_bug="deep-path-quarantine",
     )
     name = body("write_file", path="n" * 256, content="x")
-    p.execute(
-        "write_file a name over NAME_MAX", 422, "INVALID_PATH", name, known_bug="write-too-long-503"
-    )
+    p.execute("write_file a name over NAME_MAX", 422, "INVALID_PATH", name)
 
 
 def refusals(p: Prober) -> None:
@@ -260,9 +257,8 @@ def refusals(p: Prober) -> None:
         400,
         "INVALID_WORKSPACE_TOOL_REQUEST",
         {**read, "operation": {}},
-        known_bug="unhashable-operation-500",
     )
-    p.execute("body nested 5,000 deep", 400, "INVALID_REQUEST", deep, known_bug="deep-json-500")
+    p.execute("body nested 5,000 deep", 400, "INVALID_REQUEST", deep)
     _quarantine(p, read)
     _outsider(p, read)
 
@@ -365,7 +361,7 @@ def workers(p: Prober, worker_token: str, worker_id: str, *, slow: bool) -> None
     lenient = {**reg, "workspaces": [{**offer, "linkedWorktreeLanes": "yes"}]}
     p.send(
         "register a non-boolean", 400, "INVALID_REQUEST", "POST", REGISTER,
-        json=lenient, headers=auth, known_bug="worker-lenient-fields",
+        json=lenient, headers=auth,
     )  # fmt: skip
     response = p.send("register", 200, None, "POST", REGISTER, json=reg, headers=auth)
     incarnation = response.json().get("incarnationId", "") if response.is_success else ""
@@ -377,8 +373,8 @@ def workers(p: Prober, worker_token: str, worker_id: str, *, slow: bool) -> None
         ("register no token", 401, "UNAUTHENTICATED", "register", {"json": reg, "headers": {}}),
         ("register bad JSON", 400, "INVALID_REQUEST", "register", {"content": b"{", "headers": as_json}),
         ("register text/plain", 415, "UNSUPPORTED_MEDIA_TYPE", "register", {"content": b"{}", "headers": {**auth, "Content-Type": "text/plain"}}),
-        ("register unknown key", 400, "INVALID_REQUEST", "register", {"json": {**reg, "x": 1}, "known_bug": "worker-unknown-key-500"}),
-        ("register nested deep", 400, "INVALID_REQUEST", "register", {"content": b"[" * 5000 + b"]" * 5000, "headers": as_json, "known_bug": "deep-json-500"}),
+        ("register unknown key", 400, "INVALID_REQUEST", "register", {"json": {**reg, "x": 1}}),
+        ("register nested deep", 400, "INVALID_REQUEST", "register", {"content": b"[" * 5000 + b"]" * 5000, "headers": as_json}),
         ("deregister", 200, None, "deregister", {"json": beat}),
     ]  # fmt: skip
     for label, status, code, action, kw in rows[:-1]:
