@@ -280,8 +280,9 @@ class SyncQueue(_Scripts):
         )
         return int(raw[0]), int(raw[1])
 
-    def heartbeat(self, *, worker_id: str, incarnation: str, ttl_ms: int) -> bool:
-        return bool(
+    def heartbeat(self, *, worker_id: str, incarnation: str, ttl_ms: int) -> int:
+        """1 renewed, 0 replaced by another incarnation, -1 no registration left (lost)."""
+        return int(
             self.scripts["heartbeat"](keys=[self.keys(worker_id).reg], args=[incarnation, ttl_ms])
         )
 

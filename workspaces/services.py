@@ -63,16 +63,23 @@ def worker_register(
     }
 
 
-def worker_heartbeat(*, worker: Worker, incarnation: str) -> bool:
-    """False when this incarnation was replaced or expired: the worker must stop or re-register."""
-    if not sync_queue().heartbeat(
+def worker_heartbeat(*, worker: Worker, incarnation: str) -> str:
+    """'alive'; 'replaced' (another incarnation registered: stop); or 'lost' (the registration
+    expired or Redis restarted empty, and nobody replaced it: register again)."""
+    renewed = sync_queue().heartbeat(
         worker_id=worker.worker_id, incarnation=incarnation, ttl_ms=_ttl_ms()
-    ):
-        return False
+    )
+    if renewed == 0:
+        return "replaced"
+    if renewed < 0:
+        current = (
+            Worker.objects.filter(pk=worker.pk).values_list("incarnation_id", flat=True).first()
+        )
+        return "lost" if current == incarnation else "replaced"
     Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(
         last_heartbeat_at=timezone.now()
     )
-    return True
+    return "alive"
 
 
 def worker_deregister(*, worker: Worker, incarnation: str) -> int:

@@ -111,11 +111,14 @@ class WorkerHeartbeatApi(_WorkerApi):
         data = IncarnationSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         worker = _own_worker(request, data.validated_data["workerId"])
-        if not worker_heartbeat(worker=worker, incarnation=data.validated_data["incarnationId"]):
+        state = worker_heartbeat(worker=worker, incarnation=data.validated_data["incarnationId"])
+        if state == "replaced":
             raise ApiError(
-                409,
-                "WORKER_SUPERSEDED",
-                "This incarnation was replaced or has expired; register again.",
+                409, "WORKER_SUPERSEDED", "Another incarnation of this worker registered."
+            )
+        if state == "lost":
+            raise ApiError(
+                410, "WORKER_REGISTRATION_LOST", "This registration is gone; register again."
             )
         return Response({"ok": True})
 

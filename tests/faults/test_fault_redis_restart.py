@@ -147,11 +147,9 @@ def test_redis_restarted_empty_under_load_gives_typed_503s_then_recovers_with_no
         server.start()  # same port, empty
         back = time.monotonic()
         # The worker's registration went with Redis. Its next heartbeat (every 5 s) is told so
-        # and it shuts down (the xfail test below); under a supervisor it comes back as a new
-        # incarnation. Play the supervisor.
+        # (410) and it registers again as a new incarnation, by itself.
         assert worker.process is not None
-        worker.process.proc.wait(timeout=30)
-        worker.start()
+        worker.process.wait_for("registered again", timeout_s=30)
         restarted = time.monotonic()
         recovered = wait_for_clean_window(load, restarted, window_s=3.0, timeout_s=25.0)
     finally:
@@ -218,13 +216,6 @@ def test_redis_restarted_empty_under_load_gives_typed_503s_then_recovers_with_no
     assert not missing and not doubled, (len(missing), doubled[:5])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a worker whose registration vanished with an empty Redis restart exits instead "
-    "of registering again (workspaces/management/commands/runworker.py _heartbeat: any 409 from "
-    "/v1/workers/heartbeat means 'shut down'; heartbeat.lua cannot tell 'replaced' from 'gone'); "
-    "without a supervisor the worker stays offline for good",
-)
 def test_a_worker_registers_again_by_itself_after_redis_comes_back_empty(
     stack: dict[str, Any],
 ) -> None:

@@ -45,8 +45,9 @@ class ControlPlane:
             time.sleep(min(0.2 * (attempt + 1), 2.0))
         raise RegistrationRefused("the API did not accept the registration; giving up")
 
-    def heartbeat(self, incarnation: str) -> bool | None:
-        """True: alive. False: this incarnation was replaced. None: the API could not be reached."""
+    def heartbeat(self, incarnation: str) -> bool | str | None:
+        """True: alive. False: replaced (or the token was rotated). "lost": the registration is
+        gone but nobody replaced it (register again). None: the API could not be reached."""
         try:
             response = self.http.post(
                 "/v1/workers/heartbeat",
@@ -56,6 +57,8 @@ class ControlPlane:
             return None
         if response.status_code == 200:
             return True
+        if response.status_code == 410:
+            return "lost"
         if response.status_code in (401, 403, 409):
             # Replaced, or our token was rotated or revoked: this incarnation is over.
             return False

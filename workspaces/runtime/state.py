@@ -54,6 +54,12 @@ class WorkerState:
             self.seen[ticket] = now + forget_after_s
             return True
 
+    def reincarnate(self, incarnation: str) -> None:
+        """Switch to a new incarnation; tickets restart with it, so the seen set does too."""
+        with self.lock:
+            self.incarnation = incarnation
+            self.seen.clear()
+
     def count_drop(self, reason: str) -> None:
         with self.lock:
             self.dropped[reason] = self.dropped.get(reason, 0) + 1

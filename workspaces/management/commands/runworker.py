@@ -92,7 +92,9 @@ class Command(BaseCommand):
         )
         self.stdout.flush()
         stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(control, state, stop), daemon=True)
+        beat = threading.Thread(
+            target=self._heartbeat, args=(control, state, stop, offered, slots), daemon=True
+        )
         beat.start()
         try:
             self._consume(answer["queue"], int(answer["slots"]))
@@ -134,14 +136,32 @@ class Command(BaseCommand):
         worker.start()
 
     def _heartbeat(
-        self, control: ControlPlane, state: worker_state.WorkerState, stop: threading.Event
+        self,
+        control: ControlPlane,
+        state: worker_state.WorkerState,
+        stop: threading.Event,
+        offered: list[dict[str, Any]],
+        slots: int,
     ) -> None:
         while not stop.wait(settings.WORKER_HEARTBEAT_S):
             alive = control.heartbeat(state.incarnation)
             if alive is False:
-                log.error("this incarnation was replaced or expired; shutting down")
+                log.error("this incarnation was replaced (or its token rotated); shutting down")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
+            if alive == "lost":
+                # The registration expired or Redis restarted empty: come back as a new
+                # incarnation. Assignments for the old one are dropped as stale from now on.
+                try:
+                    answer = control.register(workspaces=offered, slots=slots, attempts=3)
+                except RegistrationRefused:
+                    log.error("registration lost and refused again; shutting down")
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+                state.reincarnate(answer["incarnationId"])
+                log.warning(
+                    "registration lost; registered again", extra={"incarnation": state.incarnation}
+                )
             try:
                 state.sync_clock()
             except Exception:
