@@ -19,7 +19,7 @@ from sluice_client.protocol import OPERATIONS
 
 from admission.models import AdmissionPolicy, CompletionLog, Quarantine
 from admission.policy import forget_cached_policy, policy_row
-from workspaces.adminfilters import IsSetFilter
+from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
 
 # ---------------------------------------------------------------------------------------
 # Admission policy
@@ -95,7 +95,9 @@ class ReleasedFilter(IsSetFilter):
     unset_label = "Quarantined (unreleased)"
 
 
-class QuarantineAdmin(admin.ModelAdmin):
+class QuarantineAdmin(ReadOnlyAdmin):
+    # Only a worker's report of an unknown mutation outcome quarantines a key; the detail page
+    # is a record, and releasing (the one change) is an action.
     list_display = [
         "created_at",
         "worker_id",
@@ -115,17 +117,6 @@ class QuarantineAdmin(admin.ModelAdmin):
     @admin.display(description="released", boolean=True, ordering="released_at")
     def released(self, obj: Quarantine) -> bool:
         return obj.released_at is not None
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        # Only a worker's report of an unknown mutation outcome quarantines a key.
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # The detail page is a record; releasing is the one change, and it is an action.
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("admission.change_quarantine")
@@ -209,7 +200,8 @@ class HttpStatusFilter(FixedValuesFilter):
     )
 
 
-class CompletionLogAdmin(admin.ModelAdmin):
+class CompletionLogAdmin(ReadOnlyAdmin):
+    # Old rows go with `manage.py prune_completions`, never one by one from here.
     list_display = [
         "created_at",
         "request_id",
@@ -249,16 +241,6 @@ class CompletionLogAdmin(admin.ModelAdmin):
         for field in self.search_fields:
             match |= Q(**{field: term})
         return queryset.filter(match), False
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Old rows go with `manage.py prune_completions`, never one by one from here.
-        return False
 
 
 admin.site.register(AdmissionPolicy, AdmissionPolicyAdmin)

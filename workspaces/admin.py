@@ -16,7 +16,7 @@ from django.forms import ModelChoiceField, ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 
-from workspaces.adminfilters import IsSetFilter
+from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
 from workspaces.models import ApiKey, Principal, Tenant, Worker, WorkerWorkspace
 from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret
 
@@ -283,7 +283,7 @@ class WorkerAdmin(admin.ModelAdmin):
             )
 
 
-class WorkerWorkspaceAdmin(admin.ModelAdmin):
+class WorkerWorkspaceAdmin(ReadOnlyAdmin):
     """What each worker offers, exactly as its last registration said. Read-only."""
 
     list_display = ["workspace_id", "worker", "operation_list", "linked_worktree_lanes"]
@@ -295,15 +295,6 @@ class WorkerWorkspaceAdmin(admin.ModelAdmin):
     @admin.display(description="operations")
     def operation_list(self, obj: WorkerWorkspace) -> str:
         return ", ".join(obj.operations or [])
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 admin.site.register(Tenant, TenantAdmin)

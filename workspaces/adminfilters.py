@@ -1,4 +1,4 @@
-"""Admin list filters shared by the apps' admin modules."""
+"""Admin pieces shared by the apps' admin modules: list filters and a read-only page."""
 
 from __future__ import annotations
 
@@ -23,3 +23,16 @@ class IsSetFilter(admin.SimpleListFilter):
         if self.value() in ("yes", "no"):
             return queryset.filter(**{f"{self.field}__isnull": self.value() == "no"})
         return queryset
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """An admin page that is a record: nothing is added, changed or deleted from it."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
