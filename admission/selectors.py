@@ -1,15 +1,23 @@
-"""Reads the admission path needs from Postgres, one query each."""
+"""Reads the admission path needs from Postgres, written as SQL: they run on every call."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Subquery
+from django.db import connection
 
 from admission.models import Quarantine
-from workspaces.access import Caller, caller_for, default_worker_id, principal_for_api_key
+from workspaces.access import (
+    KEY_OWNER_COLUMNS,
+    Caller,
+    caller_from_row,
+    key_owner_sql,
+    key_param,
+)
 from workspaces.models import Worker, WorkerWorkspace
 
 
@@ -26,38 +34,77 @@ class Target:
     quarantined: bool
 
 
+@cache
+def _target_parts() -> tuple[str, str]:
+    """The worker `w`'s columns and the join of its offer. Parameters: %(key_hash)s (the
+    isolation key, for the quarantine gate) and %(workspace)s."""
+    offer, quarantine = WorkerWorkspace._meta.db_table, Quarantine._meta.db_table
+    columns = (
+        "w.worker_id, w.incarnation_id, w.token_hash, o.operations, o.linked_worktree_lanes, "
+        f"EXISTS (SELECT 1 FROM {quarantine} q WHERE q.worker_id = w.worker_id "
+        "AND q.isolation_key_hash = %(key_hash)s AND q.released_at IS NULL)"
+    )
+    join = f"LEFT JOIN {offer} o ON o.worker_id = w.id AND o.workspace_id = %(workspace)s "
+    return columns, join
+
+
+@cache
+def _target_sql() -> str:
+    columns, offer_join = _target_parts()
+    return (
+        f"SELECT {columns} FROM {Worker._meta.db_table} w {offer_join}"
+        "WHERE w.tenant_id = %(tenant)s AND w.worker_id = %(worker)s"
+    )
+
+
+@cache
+def _call_sql() -> str:
+    # Key, caller and target in one round trip: the worker named by %(worker)s, or when that
+    # is NULL the tenant's default worker (`d`), always within the key's own tenant (`t`).
+    columns, offer_join = _target_parts()
+    return key_owner_sql(
+        f", {columns}",
+        f"LEFT JOIN {Worker._meta.db_table} w ON w.tenant_id = t.id "
+        f"AND w.worker_id = COALESCE(%(worker)s, d.worker_id) {offer_join}",
+    )
+
+
+def _target(row: tuple[Any, ...]) -> Target | None:
+    worker_id, incarnation_id, token_hash, operations, lanes, quarantined = row
+    if worker_id is None:
+        return None
+    if isinstance(operations, str):
+        operations = json.loads(operations)
+    return Target(
+        worker_id=worker_id,
+        incarnation_id=incarnation_id,
+        token_hash=token_hash,
+        workspace_registered=operations is not None,
+        operations=frozenset(operations or ()),
+        linked_worktree_lanes=bool(lanes),
+        quarantined=bool(quarantined),
+    )
+
+
+def _fetch(sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else tuple(row)
+
+
 def call_target(
     *, caller: Caller, worker_id: str, workspace_id: str, key_hash: str
 ) -> Target | None:
     """The caller's tenant's worker with its offer for this workspace; None for missing or foreign."""
-    workspace = WorkerWorkspace.objects.filter(worker=OuterRef("pk"), workspace_id=workspace_id)
-    row = (
-        Worker.objects.filter(tenant_id=caller.tenant_id, worker_id=worker_id)
-        .annotate(
-            ws_operations=Subquery(workspace.values("operations")[:1]),
-            ws_lanes=Subquery(workspace.values("linked_worktree_lanes")[:1]),
-            quarantined=Exists(
-                Quarantine.objects.filter(
-                    worker_id=worker_id, isolation_key_hash=key_hash, released_at__isnull=True
-                )
-            ),
-        )
-        .values(
-            "worker_id", "incarnation_id", "token_hash", "ws_operations", "ws_lanes", "quarantined"
-        )
-        .first()
-    )
-    if row is None:
-        return None
-    return Target(
-        worker_id=row["worker_id"],
-        incarnation_id=row["incarnation_id"],
-        token_hash=row["token_hash"],
-        workspace_registered=row["ws_operations"] is not None,
-        operations=frozenset(row["ws_operations"] or ()),
-        linked_worktree_lanes=bool(row["ws_lanes"]),
-        quarantined=bool(row["quarantined"]),
-    )
+    params = {
+        "key_hash": key_hash,
+        "workspace": workspace_id,
+        "tenant": caller.tenant_id,
+        "worker": worker_id,
+    }
+    row = _fetch(_target_sql(), params)
+    return None if row is None else _target(row)
 
 
 @dataclass(frozen=True)
@@ -78,23 +125,36 @@ def call_resolve(
 ) -> Resolved:
     """Authenticate, pick the worker (the named one or the tenant's default) and load its offer.
 
-    One trip to a worker thread for all the call's reads; the target is only loaded when the
-    request was valid (`request` is None otherwise).
+    One thread hop and, when the call names its worker, one query for all of it; the target
+    is only loaded when the request was valid (`request` is None otherwise). A call on the
+    default worker takes a second query: its isolation key hash (for the quarantine gate)
+    depends on which worker that is.
     """
-    principal = principal_for_api_key(token) if token else None
-    if principal is None:
+    key = key_param(token or "")
+    if key is None:
         return Resolved(None, None, None)
-    caller = caller_for(principal)
     if request is None:
-        return Resolved(caller, worker_id, None)
-    if worker_id is None:
-        worker_id = default_worker_id(caller)
-        if worker_id is None:
-            return Resolved(caller, None, None)
+        row = _fetch(key_owner_sql(), {"key": key})
+        return Resolved(None if row is None else caller_from_row(row), worker_id, None)
+    workspace = str(request["workspaceId"])
+    params = {
+        "key": key,
+        "worker": worker_id,
+        "workspace": workspace,
+        "key_hash": key_hash(worker_id) if worker_id else "",
+    }
+    row = _fetch(_call_sql(), params)
+    if row is None:
+        return Resolved(None, None, None)
+    caller = caller_from_row(row)
+    if worker_id is not None:
+        return Resolved(caller, worker_id, _target(row[KEY_OWNER_COLUMNS:]))
+    if caller.default_worker_id is None:
+        return Resolved(caller, None, None)
     target = call_target(
         caller=caller,
-        worker_id=worker_id,
-        workspace_id=str(request["workspaceId"]),
-        key_hash=key_hash(worker_id),
+        worker_id=caller.default_worker_id,
+        workspace_id=workspace,
+        key_hash=key_hash(caller.default_worker_id),
     )
-    return Resolved(caller, worker_id, target)
+    return Resolved(caller, caller.default_worker_id, target)

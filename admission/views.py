@@ -29,10 +29,11 @@ from admission.connections import async_queue
 from admission.dbthread import in_db_thread
 from admission.errors import ApiError, unauthenticated
 from admission.policy import acurrent_policy
+from admission.queue import AsyncQueue
 from admission.ratelimit import RateLimiter
 from admission.selectors import call_resolve
 from admission.services import Call, call_execute, isolation_key_hash
-from workspaces.access import Caller, caller_for, principal_for_api_key
+from workspaces.access import Caller, caller_for_api_key
 from workspaces.auth import bearer_token
 
 log = logging.getLogger("sluice.admission")
@@ -45,10 +46,10 @@ _WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # the contr
 
 async def authenticate(request: HttpRequest) -> Caller:
     token = bearer_token(request.headers.get("Authorization"))
-    principal = await in_db_thread(principal_for_api_key, raw_key=token) if token else None
-    if principal is None:
+    caller = await in_db_thread(caller_for_api_key, raw_key=token) if token else None
+    if caller is None:
         raise unauthenticated()
-    return caller_for(principal)
+    return caller
 
 
 def _json_body(request: HttpRequest) -> Any:
@@ -159,6 +160,27 @@ def _with_budget_headers(response: HttpResponse, call: Call | None) -> HttpRespo
 async def execute(request: HttpRequest) -> HttpResponse:
     draft = CompletionDraft()
     queue = async_queue()
+    loop = asyncio.get_running_loop()
+    try:
+        response = await _answer(request, draft, queue)
+    except BaseException:
+        # Cancelled: the client went away. The row says so (`_answer` filled it in).
+        _emit(draft, queue)
+        raise
+    # The row is logged off the response path: once the ASGI handler has sent the response
+    # and closes it (in a thread or on the loop, depending on the handler).
+    response._resource_closers.append(lambda: loop.call_soon_threadsafe(_emit, draft, queue))
+    return response
+
+
+def _emit(draft: CompletionDraft, queue: AsyncQueue) -> None:
+    # The task is kept referenced until it is done.
+    task = asyncio.get_running_loop().create_task(completion_emit(draft, queue.client))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _answer(request: HttpRequest, draft: CompletionDraft, queue: AsyncQueue) -> HttpResponse:
     call: Call | None = None
     try:
         if request.method != "POST":
@@ -239,11 +261,6 @@ async def execute(request: HttpRequest) -> HttpResponse:
         draft.outcome = "disconnected"
         draft.finish(499, "CLIENT_DISCONNECTED")
         raise
-    finally:
-        # Logged off the response path; the task is kept referenced until it is done.
-        task = asyncio.get_running_loop().create_task(completion_emit(draft, queue.client))
-        _background.add(task)
-        task.add_done_callback(_background.discard)
 
 
 @csrf_exempt

@@ -38,6 +38,12 @@ def env_int(name: str, default: int, *, low: int, high: int) -> int:
     return value
 
 
+def _prepare_threshold(value: str) -> int | None:
+    if value.lower() in {"off", "none", ""}:
+        return None
+    return int(value)
+
+
 def database_from_url(url: str) -> dict[str, Any]:
     """Turn postgres://user:pass@host:port/name?options into a Django DATABASES entry."""
     parts = urlsplit(url)
@@ -58,8 +64,14 @@ def database_from_url(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": host,
         "PORT": str(parts.port or ""),
-        # Server-side binding lets psycopg prepare the hot queries after a few uses.
-        "OPTIONS": {"server_side_binding": True, **options},
+        # Server-side binding, and prepared statements after 5 uses (Django turns them off
+        # by default): the admission path's queries are planned once per connection instead
+        # of on every call. Behind a transaction-pooling PgBouncer, add ?prepare_threshold=off.
+        "OPTIONS": {
+            "server_side_binding": True,
+            **options,
+            "prepare_threshold": _prepare_threshold(options.get("prepare_threshold", "5")),
+        },
         # Persistent connections: the async endpoint's thread pool reuses them.
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,

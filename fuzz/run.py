@@ -244,10 +244,11 @@ def run_focused(
 
 
 def principal_hash(tenant: str, user: str) -> str:
-    from workspaces.access import caller_for
+    from workspaces.access import principal_hash as scope
     from workspaces.models import Principal
 
-    return caller_for(Principal.objects.get(tenant__name=tenant, name=user)).principal_hash
+    principal = Principal.objects.get(tenant__name=tenant, name=user)
+    return scope(tenant_id=principal.tenant_id, principal_id=principal.pk)
 
 
 def completion_figures(users: dict[str, str]) -> dict[str, dict[str, int]]:

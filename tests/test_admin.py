@@ -21,7 +21,7 @@ from sluice_client.protocol import OPERATIONS, isolation_key
 
 from admission.models import AdmissionPolicy, CompletionLog, Quarantine
 from admission.policy import current_policy, policy_row
-from workspaces.access import principal_for_api_key
+from workspaces.access import caller_for_api_key
 from workspaces.models import ApiKey, Principal, Tenant, Worker
 from workspaces.secrets import API_KEY_PREFIX, keyed_hash, new_secret
 
@@ -341,15 +341,15 @@ def test_revoke_action_revokes_the_selected_keys_and_keeps_earlier_revocations(
     _, old = make_key(owner)
     ApiKey.objects.filter(pk=old.pk).update(revoked_at=earlier)
     untouched_raw, _ = make_key(owner)
-    assert principal_for_api_key(raw) == owner
+    assert caller_for_api_key(raw).principal_id == owner.pk
     response = action(admin_client, "/admin/workspaces/apikey/", "revoke_keys", [key.pk, old.pk])
     assert any("Revoked 1 key" in m for m in messages_of(response))
     key.refresh_from_db()
     old.refresh_from_db()
     assert key.revoked_at is not None
     assert old.revoked_at == earlier
-    assert principal_for_api_key(raw) is None
-    assert principal_for_api_key(untouched_raw) == owner
+    assert caller_for_api_key(raw) is None
+    assert caller_for_api_key(untouched_raw).principal_id == owner.pk
 
 
 def test_api_key_pages_never_show_the_key_hash(admin_client: Client, owner: Principal) -> None:
@@ -384,7 +384,7 @@ def test_create_api_key_action_shows_a_working_key_exactly_once(
     response = action(admin_client, "/admin/workspaces/principal/", "create_api_key", [owner.pk])
     shown = re.findall(r"slk_[0-9a-f]{8}_[A-Za-z0-9_-]+", " ".join(messages_of(response)))
     assert len(shown) == 1
-    assert principal_for_api_key(shown[0]) == owner
+    assert caller_for_api_key(shown[0]).principal_id == owner.pk
     assert shown[0] not in admin_client.get("/admin/workspaces/principal/").content.decode()
 
 

@@ -9,7 +9,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
-from workspaces.access import Caller, caller_for, principal_for_api_key
+from workspaces.access import Caller, caller_for_api_key
 from workspaces.models import Worker
 from workspaces.secrets import hash_secret
 
@@ -41,10 +41,10 @@ class WorkerUser:
 class ApiKeyAuthentication(BaseAuthentication):
     def authenticate(self, request: Request) -> tuple[Any, str] | None:
         token = bearer_token(get_authorization_header(request))
-        principal = principal_for_api_key(token) if token else None
-        if principal is None:
+        caller = caller_for_api_key(token) if token else None
+        if caller is None:
             raise AuthenticationFailed("A valid API key is required (Authorization: Bearer <key>).")
-        return ApiUser(caller_for(principal)), token or ""
+        return ApiUser(caller), token or ""
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"

@@ -24,7 +24,7 @@ from livesupport import PYTHON, Process, git_workspace
 from secsupport import CANCEL, EXECUTE, body, redis_dump, tables_containing
 
 from admission.queue import worker_keys
-from workspaces.access import principal_for_api_key
+from workspaces.access import caller_for_api_key
 from workspaces.models import Principal
 
 pytestmark = pytest.mark.e2e
@@ -102,9 +102,9 @@ def test_keys_and_tokens_are_looked_up_by_their_hash_so_the_raw_value_never_reac
 ) -> None:
     owner = account_factory()
     with CaptureQueriesContext(connection) as queries:
-        assert principal_for_api_key(owner.api_key) is not None
+        assert caller_for_api_key(owner.api_key) is not None
         altered = owner.api_key[:-1] + ("B" if owner.api_key.endswith("A") else "A")
-        assert principal_for_api_key(altered) is None
+        assert caller_for_api_key(altered) is None
         # The worker endpoints authenticate the same way (in-process, through DRF).
         answer = Client().post(
             HEARTBEAT,
