@@ -250,15 +250,32 @@ def _land(entries: list[tuple[str, dict[str, str]]]) -> None:
 
 
 class CompletionDrainer(threading.Thread):
-    """Moves rows from the stream to Postgres. One per API process; any number may run."""
+    """Moves rows from the stream to Postgres. One per API process; any number may run.
 
-    def __init__(self, client: Any, *, batch: int = 500, block_ms: int = 1000) -> None:
+    It shares its process with the API's event loop, so it works in batches: after a batch
+    smaller than `batch` it lingers `linger_s` for more rows, and it looks for rows left
+    pending (its own after a failure, those of a drainer that died) only every `recheck_s`.
+    A row reaches Postgres within about linger_s of its call's end.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        batch: int = 500,
+        block_ms: int = 1000,
+        linger_s: float = 0.25,
+        recheck_s: float = 5.0,
+    ) -> None:
         super().__init__(name="completion-drainer", daemon=True)
         self.client = client
         self.batch = batch
         self.block_ms = block_ms
+        self.linger_s = linger_s
+        self.recheck_s = recheck_s
         self.consumer = f"{socket.gethostname()}:{os.getpid()}"
         self.stopping = threading.Event()
+        self._recheck_at = 0.0  # now: the first pass looks for pending rows
 
     def ensure_group(self) -> None:
         try:
@@ -267,9 +284,9 @@ class CompletionDrainer(threading.Thread):
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    def drain_once(self) -> int:
-        """Read a batch (own pending first, then stale ones of dead consumers, then new) and land it."""
-        key = stream_key()
+    def _pending(self, key: str) -> list[Any]:
+        """Rows delivered before and not acknowledged: this drainer's own first (a batch that
+        failed to land), then those idle past CLAIM_IDLE_MS of drainers that died."""
         messages = self.client.xreadgroup(GROUP, self.consumer, {key: "0"}, count=self.batch)
         pending = messages[0][1] if messages else []
         if not pending:
@@ -277,6 +294,16 @@ class CompletionDrainer(threading.Thread):
                 key, GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=self.batch
             )
             pending = claimed[1] if claimed else []
+        return list(pending)
+
+    def drain_once(self) -> int:
+        """Land one batch (pending rows when it is time to look for them, else new ones)."""
+        key = stream_key()
+        pending: list[Any] = []
+        if time.monotonic() >= self._recheck_at:
+            pending = self._pending(key)
+            if not pending:
+                self._recheck_at = time.monotonic() + self.recheck_s
         if not pending:
             messages = self.client.xreadgroup(
                 GROUP, self.consumer, {key: ">"}, count=self.batch, block=self.block_ms
@@ -284,12 +311,18 @@ class CompletionDrainer(threading.Thread):
             pending = messages[0][1] if messages else []
         entries = [(mid, fields) for mid, fields in pending if fields]
         if entries:
+            # If landing fails, the batch stays pending for this consumer: look again first.
+            self._recheck_at = 0.0
             close_old_connections()
             _land(entries)
         ids = [mid for mid, _ in pending]
         if ids:
-            self.client.xack(key, GROUP, *ids)
-            self.client.xdel(key, *ids)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xack(key, GROUP, *ids)
+            pipe.xdel(key, *ids)
+            pipe.execute()
+            if entries and len(ids) < self.batch:
+                self._recheck_at = time.monotonic() + self.recheck_s
         return len(entries)
 
     def run(self) -> None:
@@ -297,11 +330,14 @@ class CompletionDrainer(threading.Thread):
         while not self.stopping.is_set():
             try:
                 self.ensure_group()
-                self.drain_once()
+                landed = self.drain_once()
                 delay = 0.5
+                if 0 < landed < self.batch:
+                    self.stopping.wait(self.linger_s)
             except (DatabaseError, Exception):
                 # Postgres or Redis is away: the rows stay in the stream, unacknowledged.
                 log.warning("completion drainer waiting for Postgres/Redis", exc_info=True)
+                self._recheck_at = 0.0
                 self.stopping.wait(delay)
                 delay = min(delay * 2, 10.0)
 
