@@ -90,14 +90,15 @@ ADMISSION_REDIS_CLUSTER = env_bool("ADMISSION_REDIS_CLUSTER", False)
 REDIS_KEY_PREFIX = env_str("SLUICE_REDIS_PREFIX", "sluice:")
 
 # Celery carries assignments to workers. At-most-once: a message is acked when the worker
-# takes it (not after it ran), one message is prefetched per free slot, and a message that
-# the broker restores after visibility_timeout is past its deadline and dropped by the worker.
+# takes it (not after it ran), one message is prefetched per free slot, and the Redis
+# transport's ack emulation is off: a popped message is gone from Redis, so nothing can ever
+# hand it out again (and no delivery bookkeeping costs two round trips per message).
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_ACKS_LATE = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": 3600,
+    "ack_emulation": False,
     "global_keyprefix": REDIS_KEY_PREFIX + "celery:",
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

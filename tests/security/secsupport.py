@@ -93,8 +93,8 @@ WORKER_COMMANDS = (
     "+hello",
     "+ping",
     "+time",
-    # Celery/kombu consumer: pop its queue, remember unacked deliveries, bind its queue,
-    # the restore mutex (a Lua script), restoring its own messages
+    # Celery/kombu consumer: pop its queue, bind it, put back what it prefetched when it
+    # stops; the rest of these, and those below, are what settle.lua runs
     "+brpop",
     "+llen",
     "+lpush",
@@ -126,16 +126,12 @@ def worker_queue(worker_id: str) -> str:
     return f"sluice.worker.{worker_id}"
 
 
-def worker_key_patterns(prefix: str, worker_id: str, *, shared_unacked: bool) -> list[str]:
-    """The keys a worker touches: its admission keys and its own Celery queue.
-
-    `shared_unacked`: kombu's default bookkeeping of delivered-but-unacknowledged messages,
-    one hash for every consumer of the broker (which holds other workers' assignments). The
-    alternative is one set of those keys per worker, named after its queue.
-    """
+def worker_key_patterns(prefix: str, worker_id: str) -> list[str]:
+    """The keys a worker touches: its admission keys and its own Celery queue. (Kombu's
+    shared `unacked` bookkeeping is off: CELERY_BROKER_TRANSPORT_OPTIONS ack_emulation.)"""
     queue = worker_queue(worker_id)
     celery = f"{prefix}celery:"
-    patterns = [
+    return [
         f"~{prefix}adm:{{w:{worker_id}}}:*",
         f"~{celery}{queue}",
         # kombu's priority sub-queues, <queue>\x06\x16<priority>: whatever follows the queue
@@ -144,19 +140,10 @@ def worker_key_patterns(prefix: str, worker_id: str, *, shared_unacked: bool) ->
         f"~{celery}_kombu.binding.{queue}",
         f"~{celery}_kombu.binding_permanent.{queue}",
     ]
-    if shared_unacked:
-        patterns += [f"~{celery}unacked", f"~{celery}unacked_index", f"~{celery}unacked_mutex"]
-    else:
-        patterns += [
-            f"~{celery}unacked.{queue}",
-            f"~{celery}unacked_index.{queue}",
-            f"~{celery}unacked_mutex.{queue}",
-        ]
-    return patterns
 
 
 def worker_acl(
-    prefix: str, worker_id: str, password: str, *, shared_unacked: bool = False
+    prefix: str, worker_id: str, password: str
 ) -> list[str]:
     """Arguments of `ACL SETUSER <user> ...` confining one worker to its own keys."""
     return [
@@ -165,7 +152,7 @@ def worker_acl(
         f">{password}",
         "resetchannels",
         *WORKER_COMMANDS,
-        *worker_key_patterns(prefix, worker_id, shared_unacked=shared_unacked),
+        *worker_key_patterns(prefix, worker_id),
     ]
 
 

@@ -113,14 +113,6 @@ class Command(BaseCommand):
             self.stdout.flush()
 
         worker_ready.connect(announce, weak=False)
-        # Kombu's Redis transport keeps unacknowledged messages in keys shared by every
-        # consumer; per-queue names let a Redis ACL confine this worker to its own keys.
-        app.conf.broker_transport_options = {
-            **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
-            "unacked_key": f"unacked.{queue}",
-            "unacked_index_key": f"unacked_index.{queue}",
-            "unacked_mutex_key": f"unacked_mutex.{queue}",
-        }
         worker = app.Worker(
             queues=[queue],
             concurrency=slots,
