@@ -31,6 +31,7 @@ from admission.queue import AsyncQueue, SyncQueue
 _lock = threading.Lock()
 _sync: SyncQueue | None = None
 _async: dict[int, AsyncQueue] = {}
+_broker: dict[int, Any] = {}
 # A blocking pop holds one connection per waiting call, on the node owning its worker's slot.
 BLOCKING_MAX_CONNECTIONS = 20_000
 
@@ -149,3 +150,15 @@ def async_queue() -> AsyncQueue:
         blocking = async_client(**_blocking_kwargs())
         queue = _async[id(loop)] = AsyncQueue(client, settings.REDIS_KEY_PREFIX, blocking=blocking)
     return queue
+
+
+def async_broker() -> Any:
+    """The Celery broker's Redis (a plain one, never a cluster): one asyncio client per event
+    loop, for publishing assignments (workspaces/dispatch.py)."""
+    loop = asyncio.get_running_loop()
+    client = _broker.get(id(loop))
+    if client is None:
+        client = _broker[id(loop)] = aioredis.Redis.from_url(
+            settings.CELERY_BROKER_URL, **_async_kwargs()
+        )
+    return client

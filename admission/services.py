@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from redis.exceptions import RedisError
 from sluice_client.protocol import (
     MUTATING_OPERATIONS,
@@ -27,6 +26,7 @@ from sluice_client.protocol import (
 
 from admission import deadlines
 from admission.completion import CompletionDraft
+from admission.connections import async_broker
 from admission.dbthread import in_db_thread
 from admission.errors import ApiError
 from admission.models import Quarantine
@@ -441,9 +441,7 @@ async def _admitted_call(
     try:
         # From here on the assignment may have reached the worker: no answer may say "not started".
         call.dispatched = True
-        await sync_to_async(assignment_dispatch, thread_sensitive=False)(
-            assignment=assignment, expires=expires
-        )
+        await assignment_dispatch(async_broker(), assignment=assignment, expires=expires)
     except Exception:
         log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
     try:
