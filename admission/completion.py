@@ -25,6 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, close_old_connections, transaction
+from redis.exceptions import RedisError
 
 from admission.dbthread import in_db_thread
 from admission.models import CompletionLog
@@ -252,10 +253,12 @@ def _land(entries: list[tuple[str, dict[str, str]]]) -> None:
 class CompletionDrainer(threading.Thread):
     """Moves rows from the stream to Postgres. One per API process; any number may run.
 
-    It shares its process with the API's event loop, so it works in batches: after a batch
-    smaller than `batch` it lingers `linger_s` for more rows, and it looks for rows left
-    pending (its own after a failure, those of a drainer that died) only every `recheck_s`.
-    A row reaches Postgres within about linger_s of its call's end.
+    It shares its process with the API's event loop, so it lands rows in batches: once a row
+    arrives it keeps reading rows as they come for up to `linger_s`, then writes them all in
+    one INSERT. Rows it has read are out of Redis's hands (a Redis that restarts empty does not
+    lose them), and unacknowledged until they are in Postgres (a drainer that dies leaves them
+    pending, for another to take over). It looks for pending rows (its own after a failure,
+    those of a drainer that died) only every `recheck_s`.
     """
 
     def __init__(
@@ -296,6 +299,29 @@ class CompletionDrainer(threading.Thread):
             pending = claimed[1] if claimed else []
         return list(pending)
 
+    def _new(self, key: str, *, count: int, block_ms: int) -> list[Any]:
+        messages = self.client.xreadgroup(
+            GROUP, self.consumer, {key: ">"}, count=count, block=block_ms
+        )
+        return list(messages[0][1]) if messages else []
+
+    def _gather(self, key: str) -> list[Any]:
+        """New rows: wait for one, then take what else arrives within linger_s."""
+        rows = self._new(key, count=self.batch, block_ms=self.block_ms)
+        until = time.monotonic() + self.linger_s
+        while rows and len(rows) < self.batch:
+            left_ms = int((until - time.monotonic()) * 1000)
+            if left_ms <= 0:  # (a block of 0 would wait for ever)
+                break
+            try:
+                more = self._new(key, count=self.batch - len(rows), block_ms=left_ms)
+            except RedisError:
+                break  # land what was read; the next pass meets the error again
+            if not more:
+                break
+            rows.extend(more)
+        return rows
+
     def drain_once(self) -> int:
         """Land one batch (pending rows when it is time to look for them, else new ones)."""
         key = stream_key()
@@ -305,38 +331,37 @@ class CompletionDrainer(threading.Thread):
             if not pending:
                 self._recheck_at = time.monotonic() + self.recheck_s
         if not pending:
-            messages = self.client.xreadgroup(
-                GROUP, self.consumer, {key: ">"}, count=self.batch, block=self.block_ms
-            )
-            pending = messages[0][1] if messages else []
+            pending = self._gather(key)
         entries = [(mid, fields) for mid, fields in pending if fields]
         if entries:
             # If landing fails, the batch stays pending for this consumer: look again first.
             self._recheck_at = 0.0
             close_old_connections()
             _land(entries)
+            self._recheck_at = time.monotonic() + self.recheck_s
         ids = [mid for mid, _ in pending]
         if ids:
             pipe = self.client.pipeline(transaction=False)
             pipe.xack(key, GROUP, *ids)
             pipe.xdel(key, *ids)
             pipe.execute()
-            if entries and len(ids) < self.batch:
-                self._recheck_at = time.monotonic() + self.recheck_s
         return len(entries)
 
     def run(self) -> None:
         delay = 0.5
+        grouped = False
         while not self.stopping.is_set():
             try:
-                self.ensure_group()
-                landed = self.drain_once()
+                if not grouped:
+                    self.ensure_group()
+                    grouped = True
+                self.drain_once()
                 delay = 0.5
-                if 0 < landed < self.batch:
-                    self.stopping.wait(self.linger_s)
             except (DatabaseError, Exception):
                 # Postgres or Redis is away: the rows stay in the stream, unacknowledged.
                 log.warning("completion drainer waiting for Postgres/Redis", exc_info=True)
+                # Redis may have come back empty: make the group again before reading.
+                grouped = False
                 self._recheck_at = 0.0
                 self.stopping.wait(delay)
                 delay = min(delay * 2, 10.0)

@@ -67,6 +67,7 @@ def summary(values_ms: list[float]) -> dict[str, Any]:
     return {
         "n": len(values_ms),
         "p50_ms": round(percentile(values_ms, 50), 3),
+        "p90_ms": round(percentile(values_ms, 90), 3),
         "p99_ms": round(percentile(values_ms, 99), 3),
         "mean_ms": round(statistics.fmean(values_ms), 3) if values_ms else None,
     }
