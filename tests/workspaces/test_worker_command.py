@@ -155,3 +155,37 @@ def test_calls_longer_than_10_s_get_their_results(http, owner, worker, repo):
         [a.text for a in answers],
     )
     assert answers[0].json()["stdout"] == "done\n"
+
+
+def test_a_command_sees_none_of_the_workers_configuration_but_its_owner(
+    http, owner, repo, worker_factory
+):
+    worker = worker_factory(owner, {"repo": repo}, start=False)
+    # Everything a worker may be configured with, token included, as its environment.
+    worker.env = worker.env | {
+        "SLUICE_WORKER_TOKEN": owner.worker_token,
+        "SECRET_KEY": "not-for-commands",
+        "CELERY_BROKER_URL": worker.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "METRICS_TOKEN": "not-for-commands",
+        "AGENT_TOOL_SETTING": "kept",
+    }
+    worker.start()
+    names = dict(
+        line.split("=", 1) for line in run(http, owner, "env")["stdout"].splitlines() if "=" in line
+    )
+    worker_only = {
+        "DATABASE_URL",
+        "REDIS_URL",
+        "ADMISSION_REDIS_URL",
+        "SECRET_KEY",
+        "METRICS_TOKEN",
+    }
+    leaked = {
+        name
+        for name in names
+        if name in worker_only or name.startswith(("SLUICE_", "DJANGO_", "CELERY_"))
+    }
+    assert leaked == {"SLUICE_COMMAND_OF"}
+    assert names["SLUICE_COMMAND_OF"] == owner.worker_id
+    assert owner.worker_token not in "".join(names.values())
+    assert names["AGENT_TOOL_SETTING"] == "kept" and names["PATH"]

@@ -29,6 +29,37 @@ DRAIN_AFTER_KILL_S = 0.1
 EXIT_POLL_S = 0.05
 _READ_CHUNK = 64 * 1024
 
+# Every command's environment names the worker that started it, so that a restarted worker
+# can find what its killed predecessor left running (workspaces/runtime/orphans.py).
+OWNER_ENV = "SLUICE_COMMAND_OF"
+# The worker's own configuration never reaches a command: the worker token and the Redis and
+# Postgres URLs (with their passwords) would let the command act as the worker.
+_WORKER_ONLY_PREFIXES = ("SLUICE_", "DJANGO_", "CELERY_")
+_WORKER_ONLY_NAMES = frozenset(
+    {
+        "DATABASE_URL",
+        "REDIS_URL",
+        "ADMISSION_REDIS_URL",
+        "ADMISSION_REDIS_CLUSTER",
+        "SECRET_KEY",
+        "METRICS_TOKEN",
+    }
+)
+
+
+def command_env() -> dict[str, str]:
+    """The worker's environment without its own configuration, plus OWNER_ENV when the
+    worker has set it (`runworker` does, before it takes any call)."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in _WORKER_ONLY_NAMES and not name.startswith(_WORKER_ONLY_PREFIXES)
+    }
+    owner = os.environ.get(OWNER_ENV)
+    if owner:
+        env[OWNER_ENV] = owner
+    return env
+
 
 def _leader_exited(pid: int) -> bool:
     # WNOWAIT leaves the leader a zombie: its pid, and so its process group id, stays reserved
@@ -154,6 +185,7 @@ def execute_command(request: dict[str, object], *, root: str, deadline: float) -
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            env=command_env(),
         )
     except OSError as exc:
         raise OperationError(

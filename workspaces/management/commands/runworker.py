@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from admission.connections import sync_queue
 from config.celery import app
+from workspaces.operations.command import OWNER_ENV
 from workspaces.runtime import state as worker_state
 from workspaces.runtime.config import (
     WorkerConfigError,
@@ -21,6 +22,7 @@ from workspaces.runtime.config import (
     parse_workspaces,
 )
 from workspaces.runtime.control import ControlPlane, RegistrationRefused
+from workspaces.runtime.orphans import kill_orphans
 from workspaces.signing import signing_key_for_token
 
 log = logging.getLogger("sluice.worker")
@@ -61,6 +63,16 @@ class Command(BaseCommand):
                 len(workspaces),
             )
         lanes = bool(options["linked_worktree_lanes"])
+        worker_id = options["worker_id"]
+        # Before registering: nothing an earlier run of this worker left may still be running
+        # when the new incarnation takes its first call.
+        _, left = kill_orphans(worker_id)
+        if left:
+            raise CommandError(
+                f"processes an earlier run of worker {worker_id} left are still alive after "
+                f"SIGKILL (pids {', '.join(map(str, left))}); not starting beside them"
+            )
+        os.environ[OWNER_ENV] = worker_id
         control = ControlPlane(
             options["api"], worker_id=options["worker_id"], token=options["token"]
         )
