@@ -168,8 +168,10 @@ async def execute(request: HttpRequest) -> HttpResponse:
         _emit(draft, queue)
         raise
     # The row is logged off the response path: once the ASGI handler has sent the response
-    # and closes it (in a thread or on the loop, depending on the handler).
-    response._resource_closers.append(lambda: loop.call_soon_threadsafe(_emit, draft, queue))
+    # and closes it (on the loop, or in a thread under Django's own handler). Django keeps its
+    # own close-time callbacks (a file response's file) in this list.
+    closers = response._resource_closers  # type: ignore[attr-defined]
+    closers.append(lambda: loop.call_soon_threadsafe(_emit, draft, queue))
     return response
 
 

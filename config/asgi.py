@@ -47,6 +47,7 @@ class SluiceAsgiHandler(ASGIHandler):
             set_script_prefix(get_script_prefix(scope))
             request, refusal = self.create_request(scope, body_file)
             if request is None:
+                assert refusal is not None
                 await self.send_response(refusal, send)
                 refusal.close()
                 return

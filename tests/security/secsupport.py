@@ -142,9 +142,7 @@ def worker_key_patterns(prefix: str, worker_id: str) -> list[str]:
     ]
 
 
-def worker_acl(
-    prefix: str, worker_id: str, password: str
-) -> list[str]:
+def worker_acl(prefix: str, worker_id: str, password: str) -> list[str]:
     """Arguments of `ACL SETUSER <user> ...` confining one worker to its own keys."""
     return [
         "reset",
