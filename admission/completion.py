@@ -309,7 +309,7 @@ class CompletionDrainer(threading.Thread):
         """New rows: wait for one, then take what else arrives within linger_s."""
         rows = self._new(key, count=self.batch, block_ms=self.block_ms)
         until = time.monotonic() + self.linger_s
-        while rows and len(rows) < self.batch:
+        while rows and len(rows) < self.batch and not self.stopping.is_set():
             left_ms = int((until - time.monotonic()) * 1000)
             if left_ms <= 0:  # (a block of 0 would wait for ever)
                 break
@@ -383,3 +383,13 @@ def start_drainer() -> CompletionDrainer:
         _drainer = CompletionDrainer(client)
         _drainer.start()
     return _drainer
+
+
+def stop_drainer(timeout_s: float = 5.0) -> None:
+    """Let this process's drainer land and acknowledge what it has read, then stop it: rows a
+    drainer read but never acknowledged wait CLAIM_IDLE_MS for another one to take them."""
+    global _drainer
+    drainer, _drainer = _drainer, None
+    if drainer is not None:
+        drainer.stop()
+        drainer.join(timeout_s)

@@ -24,7 +24,7 @@ from sluice_client.protocol import (
     validate_result,
 )
 
-from admission import deadlines
+from admission import deadlines, shutdown
 from admission.completion import CompletionDraft
 from admission.connections import async_broker
 from admission.dbthread import in_db_thread
@@ -189,6 +189,9 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
         raise ApiError(
             409, "REQUEST_CANCELLED", "The call was cancelled while it waited; it was not started."
         )
+    if kind == shutdown.MESSAGE["t"]:
+        call.draft.admission_outcome = "cancelled"
+        raise shutdown.refusal()
     raise _offline(call.worker_id)
 
 
@@ -390,7 +393,16 @@ async def _admitted_call(
     draft.fencing_ticket = entered.ticket
     waited = entered.grant is None
     try:
-        grant = entered.grant or await _wait_for_grant(call, queue, policy, queue_deadline)
+        with shutdown.waiting(call.worker_id, call.entry_id):
+            if waited and shutdown.stopping():
+                # Entered after the shutdown sweep: leave as the sweep would have made it.
+                await queue.leave(
+                    worker_id=call.worker_id,
+                    entry_id=call.entry_id,
+                    slot_ceiling=policy.max_lease_slots,
+                    message=shutdown.MESSAGE,
+                )
+            grant = entered.grant or await _wait_for_grant(call, queue, policy, queue_deadline)
     except asyncio.CancelledError:
         draft.outcome, draft.admission_outcome = "disconnected", "cancelled"
         await asyncio.shield(_leave_or_release(call, queue, policy))

@@ -24,6 +24,7 @@ from sluice_client.protocol import (
     validate_worker_id,
 )
 
+from admission import shutdown
 from admission.completion import CompletionDraft, completion_emit
 from admission.connections import async_queue
 from admission.dbthread import in_db_thread
@@ -175,6 +176,13 @@ async def execute(request: HttpRequest) -> HttpResponse:
     return response
 
 
+async def emissions_flush(timeout_s: float = 5.0) -> None:
+    """Wait for the completion rows still being written (a process about to stop)."""
+    await asyncio.sleep(0)  # rows scheduled from a response's close start first
+    if _background:
+        await asyncio.wait(set(_background), timeout=timeout_s)
+
+
 def _emit(draft: CompletionDraft, queue: AsyncQueue) -> None:
     # The task is kept referenced until it is done.
     task = asyncio.get_running_loop().create_task(completion_emit(draft, queue.client))
@@ -187,6 +195,8 @@ async def _answer(request: HttpRequest, draft: CompletionDraft, queue: AsyncQueu
     try:
         if request.method != "POST":
             raise ApiError(405, "METHOD_NOT_ALLOWED", "Use POST.", headers={"Allow": "POST"})
+        if shutdown.stopping():
+            raise shutdown.refusal()
         if _declared_too_large(request):
             raise ApiError(413, "REQUEST_TOO_LARGE", "The request body is too large.")
         # Validation runs first but speaks only after authentication: an unauthenticated

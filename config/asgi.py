@@ -33,10 +33,33 @@ class SluiceAsgiHandler(ASGIHandler):
     async def __call__(self, scope: ASGIScope, receive: Any, send: Any) -> None:
         from config.middleware import FAST_PREFIX
 
-        if scope["type"] == "http" and scope.get("path", "").startswith(FAST_PREFIX):
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http" and scope.get("path", "").startswith(FAST_PREFIX):
             await self._handle_api(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        """ASGI lifespan (Django itself has none): once the server runs, SIGTERM and SIGINT
+        first wake this process's waiting calls (admission/shutdown.py)."""
+        from admission import shutdown
+
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                shutdown.install(asyncio.get_running_loop())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                from admission.completion import stop_drainer
+                from admission.views import emissions_flush
+
+                # The last answers' completion rows are still on their way to Redis; then
+                # the drainer lands what it has read instead of leaving it pending.
+                await emissions_flush()
+                await asyncio.get_running_loop().run_in_executor(None, stop_drainer)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
     async def _handle_api(self, scope: ASGIScope, receive: Any, send: Any) -> None:
         try:

@@ -165,6 +165,7 @@ def test_a_command_sees_none_of_the_workers_configuration_but_its_owner(
     worker.env = worker.env | {
         "SLUICE_WORKER_TOKEN": owner.worker_token,
         "SECRET_KEY": "not-for-commands",
+        "ISOLATION_KEY_SECRET": "not-for-commands",
         "CELERY_BROKER_URL": worker.env.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
         "METRICS_TOKEN": "not-for-commands",
         "AGENT_TOOL_SETTING": "kept",
@@ -178,6 +179,7 @@ def test_a_command_sees_none_of_the_workers_configuration_but_its_owner(
         "REDIS_URL",
         "ADMISSION_REDIS_URL",
         "SECRET_KEY",
+        "ISOLATION_KEY_SECRET",
         "METRICS_TOKEN",
     }
     leaked = {

@@ -42,6 +42,7 @@ _WORKER_ONLY_NAMES = frozenset(
         "ADMISSION_REDIS_URL",
         "ADMISSION_REDIS_CLUSTER",
         "SECRET_KEY",
+        "ISOLATION_KEY_SECRET",
         "METRICS_TOKEN",
     }
 )
