@@ -360,7 +360,16 @@ def test_deeply_nested_json_is_refused_with_400(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("field", [{"linkedWorktreeLanes": 0}, {"linkedWorktreeLanes": "yes"}])
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"linkedWorktreeLanes": 0},
+        {"linkedWorktreeLanes": "yes"},
+        # Found by `make fuzz` (schemathesis, seed 96264): 0 used to register workspace "0".
+        {"workspaceId": 0},
+        {"workspaceId": 1.5},
+    ],
+)
 def test_worker_register_refuses_what_the_document_forbids(
     api: ApiServer, account_factory: Any, field: dict[str, Any]
 ) -> None:
@@ -368,6 +377,23 @@ def test_worker_register_refuses_what_the_document_forbids(
     offer = {"workspaceId": "w", "operations": ["read_file"], **field}
     body = {"workerId": owner.worker_id, "workspaces": [offer], "slots": 1}
     response = _post(api, "/v1/workers/register", json.dumps(body).encode(), owner.worker_token)
+    _typed(response, 400, "INVALID_REQUEST")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("action", ["register", "heartbeat", "deregister"])
+def test_worker_endpoints_refuse_ids_that_are_not_strings(
+    api: ApiServer, account_factory: Any, action: str
+) -> None:
+    owner = account_factory()
+    numeric = int(owner.worker_id) if owner.worker_id.isdigit() else 7
+    body: dict[str, Any] = {"workerId": numeric, "incarnationId": "0" * 32}
+    if action == "register":
+        del body["incarnationId"]
+        body |= {"workspaces": [{"workspaceId": "w", "operations": ["read_file"]}], "slots": 1}
+    else:
+        body = {"workerId": owner.worker_id, "incarnationId": int("1" * 32)}
+    response = _post(api, f"/v1/workers/{action}", json.dumps(body).encode(), owner.worker_token)
     _typed(response, 400, "INVALID_REQUEST")
 
 

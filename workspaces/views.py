@@ -51,8 +51,25 @@ class StrictIntegerField(serializers.IntegerField):
         return int(super().to_internal_value(data))
 
 
+class StrictStringMixin:
+    """A JSON string only (DRF's string fields turn 0 into "0")."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid")  # type: ignore[attr-defined]
+        return super().to_internal_value(data)  # type: ignore[misc]
+
+
+class StrictCharField(StrictStringMixin, serializers.CharField):
+    pass
+
+
+class StrictRegexField(StrictStringMixin, serializers.RegexField):
+    pass
+
+
 class OfferedWorkspaceSerializer(StrictSerializer):
-    workspaceId = serializers.RegexField(WORKSPACE_ID.pattern + r"\Z")
+    workspaceId = StrictRegexField(WORKSPACE_ID.pattern + r"\Z")
     operations = serializers.ListField(
         child=serializers.ChoiceField(sorted(OPERATIONS)), min_length=1, max_length=len(OPERATIONS)
     )
@@ -60,7 +77,7 @@ class OfferedWorkspaceSerializer(StrictSerializer):
 
 
 class RegisterSerializer(StrictSerializer):
-    workerId = serializers.CharField(max_length=128)
+    workerId = StrictCharField(max_length=128)
     workspaces = serializers.ListField(
         child=OfferedWorkspaceSerializer(), min_length=1, max_length=256
     )
@@ -74,8 +91,8 @@ class RegisterSerializer(StrictSerializer):
 
 
 class IncarnationSerializer(StrictSerializer):
-    workerId = serializers.CharField(max_length=128)
-    incarnationId = serializers.RegexField(r"^[0-9a-f]{32}\Z")
+    workerId = StrictCharField(max_length=128)
+    incarnationId = StrictRegexField(r"^[0-9a-f]{32}\Z")
 
 
 def _own_worker(request: Request, worker_id: str) -> Any:
