@@ -39,6 +39,10 @@ from workspaces.auth import bearer_token
 
 log = logging.getLogger("sluice.admission")
 
+EXECUTE_PATH = "/v1/workspace-tools/execute"
+# A row whose response was never closed is written after this long.
+EMIT_FALLBACK_S = 1.0
+_pending: set[_Emission] = set()
 _background: set[asyncio.Task[Any]] = set()
 # On a refusal, the body is looked at for the row's workspace and operation only up to this size.
 _FILL_BODY_MAX_BYTES = 64 * 1024
@@ -168,17 +172,44 @@ async def execute(request: HttpRequest) -> HttpResponse:
         # Cancelled: the client went away. The row says so (`_answer` filled it in).
         _emit(draft, queue)
         raise
-    # The row is logged off the response path: once the ASGI handler has sent the response
-    # and closes it (on the loop, or in a thread under Django's own handler). Django keeps its
-    # own close-time callbacks (a file response's file) in this list.
+    # The row is written once the handler has sent the response and closes it, so its round
+    # trip to Redis does not hold the answer up. A response that is never closed (its client
+    # went away at the last moment, after the view returned) still gets its row, later.
+    emit = _Emission(draft, queue)
     closers = response._resource_closers  # type: ignore[attr-defined]
-    closers.append(lambda: loop.call_soon_threadsafe(_emit, draft, queue))
+    closers.append(lambda: loop.call_soon_threadsafe(emit))
+    loop.call_later(EMIT_FALLBACK_S, emit)
     return response
 
 
+class _Emission:
+    """Writes one call's row the first time it is called; later calls do nothing."""
+
+    def __init__(self, draft: CompletionDraft, queue: AsyncQueue) -> None:
+        self.draft, self.queue = draft, queue
+        _pending.add(self)
+
+    def __call__(self) -> None:
+        if self in _pending:
+            _pending.discard(self)
+            _emit(self.draft, self.queue)
+
+
+def execute_abandoned(request: HttpRequest) -> None:
+    """A POST whose client went away before its body was even read still gets its row."""
+    if request.method != "POST" or request.path_info != EXECUTE_PATH:
+        return
+    draft = CompletionDraft()
+    draft.outcome = "disconnected"
+    _fill_known(request, draft)
+    draft.finish(499, "CLIENT_DISCONNECTED")
+    _emit(draft, async_queue())
+
+
 async def emissions_flush(timeout_s: float = 5.0) -> None:
-    """Wait for the completion rows still being written (a process about to stop)."""
-    await asyncio.sleep(0)  # rows scheduled from a response's close start first
+    """Write the rows not written yet and wait for them (a process about to stop)."""
+    for emission in list(_pending):
+        emission()
     if _background:
         await asyncio.wait(set(_background), timeout=timeout_s)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 from typing import Any
 
@@ -65,6 +66,12 @@ class SluiceAsgiHandler(ASGIHandler):
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
+            # Gone before its body was read; a POST to execute still leaves its row.
+            from admission.views import execute_abandoned
+
+            request, _ = self.create_request(scope, io.BytesIO())
+            if request is not None:
+                execute_abandoned(request)
             return
         with body_file:
             set_script_prefix(get_script_prefix(scope))

@@ -14,7 +14,7 @@ from django.conf import settings
 from livesupport import git_workspace, start_api
 from test_admission_capacity import held
 
-from admission.models import Quarantine
+from admission.models import CompletionLog, Quarantine
 from workspaces.models import WorkerWorkspace
 from workspaces.secrets import keyed_hash
 
@@ -110,6 +110,56 @@ def test_a_client_that_disconnects_while_waiting_frees_its_place_within_a_second
         caller.close()
     time.sleep(0.5)
     assert not marker.exists()
+
+
+def test_every_abandoned_post_leaves_exactly_one_completion_row(
+    api, account_factory, worker_factory, tmp_path
+):
+    """Gone while waiting, and gone before its body was even read: one row each, 499."""
+    owner = account_factory()
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
+    caller = _caller(api, owner)
+    headers = owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id}
+    waited, unread = "abandoned-waiting-0001", "abandoned-unread-00001"
+    try:
+        long = caller.submit(command("a", "sleep 2"))
+        wait_until(lambda: len(held(owner.worker_id)) == 1)
+        sock = _raw_post(
+            api.url,
+            headers | {"X-LibreChat-Workspace-Request-Id": waited},
+            command("a", "true"),
+        )
+        wait_until(lambda: len(held(owner.worker_id)) == 2)
+        sock.close()
+        # Headers and a promised body that never comes: the server has the request, not its body.
+        parts = urlsplit(api.url)
+        head = "".join(
+            f"{k}: {v}\r\n"
+            for k, v in (headers | {"X-LibreChat-Workspace-Request-Id": unread}).items()
+        )
+        with socket.create_connection((parts.hostname, parts.port)) as partial:
+            partial.sendall(
+                f"POST {EXECUTE} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: 1000\r\n{head}\r\n{{".encode()
+            )
+            time.sleep(0.2)
+        assert long.result().status_code == 200
+    finally:
+        caller.close()
+
+    def rows() -> list[tuple[str, int, str, str]]:
+        return list(
+            CompletionLog.objects.filter(request_id__in=[waited, unread])
+            .order_by("request_id")
+            .values_list("request_id", "http_status", "code", "worker_id")
+        )
+
+    wait_until(lambda: len(rows()) == 2, timeout_s=10)
+    time.sleep(0.5)  # and no second row follows
+    assert rows() == [
+        (unread, 499, "CLIENT_DISCONNECTED", owner.worker_id),
+        (waited, 499, "CLIENT_DISCONNECTED", owner.worker_id),
+    ]
 
 
 def test_delete_by_request_id_cancels_a_waiting_call_and_leaves_the_running_one(
