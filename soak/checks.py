@@ -139,8 +139,9 @@ def per_key_order(
     order. `tickets` maps a request id to (generation, ticket); generation -1 = unknown.
 
     `kills` (worker id -> epoch seconds of its SIGKILLs): a command running when its worker
-    was killed outlives the worker and may overlap the next call on its key (a known bug,
-    tests/faults/test_fault_worker_kill_orphans.py). Such overlaps are counted apart."""
+    was killed is killed in turn when the worker starts again, before it registers
+    (tests/faults/test_fault_worker_kill_orphans.py), so its run records no end and seems to
+    last for ever. Such runs are counted apart, not as overlaps."""
     kills = kills or {}
     orphaned = 0
     overlaps = 0
@@ -183,7 +184,7 @@ def per_key_order(
     runs_total = sum(len(v) for v in per_key.values())
     detail = (
         f"{len(per_key)} keys, {runs_total} runs: {overlaps} overlaps "
-        f"(+{orphaned} with a command orphaned by the SIGKILLed worker, a known bug); "
+        f"(+{orphaned} with a command cut short by its worker's SIGKILL, never ended); "
         f"{compared} ticket-ordered pairs checked, {out_of_order} out of order"
     )
     if examples:
