@@ -334,8 +334,8 @@ class CompletionDrainer(threading.Thread):
             pending = self._gather(key)
         entries = [(mid, fields) for mid, fields in pending if fields]
         if entries:
-            # If landing fails, the batch stays pending for this consumer: look again first.
-            self._recheck_at = 0.0
+            # If landing fails, the batch stays pending for this consumer; run() then makes
+            # the next pass look for pending rows first.
             close_old_connections()
             _land(entries)
             self._recheck_at = time.monotonic() + self.recheck_s

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -28,6 +29,7 @@ from redis.retry import Retry
 
 from admission.queue import AsyncQueue, SyncQueue
 
+T = TypeVar("T")
 _lock = threading.Lock()
 _sync: SyncQueue | None = None
 _async: dict[int, AsyncQueue] = {}
@@ -141,24 +143,28 @@ def sync_queue() -> SyncQueue:
         return _sync
 
 
+def _for_this_loop(made: dict[int, T], make: Callable[[], T]) -> T:
+    """One per event loop: asyncio connections belong to the loop that opened them."""
+    loop = id(asyncio.get_running_loop())
+    if loop not in made:
+        made[loop] = make()
+    return made[loop]
+
+
 def async_queue() -> AsyncQueue:
-    """One client per event loop: asyncio connections belong to the loop that opened them."""
-    loop = asyncio.get_running_loop()
-    queue = _async.get(id(loop))
-    if queue is None:
-        client = async_client(**_async_kwargs())
-        blocking = async_client(**_blocking_kwargs())
-        queue = _async[id(loop)] = AsyncQueue(client, settings.REDIS_KEY_PREFIX, blocking=blocking)
-    return queue
+    return _for_this_loop(
+        _async,
+        lambda: AsyncQueue(
+            async_client(**_async_kwargs()),
+            settings.REDIS_KEY_PREFIX,
+            blocking=async_client(**_blocking_kwargs()),
+        ),
+    )
 
 
 def async_broker() -> Any:
-    """The Celery broker's Redis (a plain one, never a cluster): one asyncio client per event
-    loop, for publishing assignments (workspaces/dispatch.py)."""
-    loop = asyncio.get_running_loop()
-    client = _broker.get(id(loop))
-    if client is None:
-        client = _broker[id(loop)] = aioredis.Redis.from_url(
-            settings.CELERY_BROKER_URL, **_async_kwargs()
-        )
-    return client
+    """The Celery broker's Redis (a plain one, never a cluster), for publishing assignments
+    (workspaces/dispatch.py)."""
+    return _for_this_loop(
+        _broker, lambda: aioredis.Redis.from_url(settings.CELERY_BROKER_URL, **_async_kwargs())
+    )

@@ -14,6 +14,7 @@ from admission.models import Quarantine
 from workspaces.access import (
     KEY_OWNER_COLUMNS,
     Caller,
+    caller_for_api_key,
     caller_from_row,
     key_owner_sql,
     key_param,
@@ -130,12 +131,12 @@ def call_resolve(
     default worker takes a second query: its isolation key hash (for the quarantine gate)
     depends on which worker that is.
     """
+    if request is None:
+        caller = caller_for_api_key(token or "")
+        return Resolved(None, None, None) if caller is None else Resolved(caller, worker_id, None)
     key = key_param(token or "")
     if key is None:
         return Resolved(None, None, None)
-    if request is None:
-        row = _fetch(key_owner_sql(), {"key": key})
-        return Resolved(None if row is None else caller_from_row(row), worker_id, None)
     workspace = str(request["workspaceId"])
     params = {
         "key": key,

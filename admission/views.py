@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, InterfaceError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 from sluice_client.protocol import (
@@ -39,7 +40,6 @@ from workspaces.auth import bearer_token
 
 log = logging.getLogger("sluice.admission")
 
-EXECUTE_PATH = "/v1/workspace-tools/execute"
 # A row whose response was never closed is written after this long.
 EMIT_FALLBACK_S = 1.0
 _pending: set[_Emission] = set()
@@ -197,7 +197,11 @@ class _Emission:
 
 def execute_abandoned(request: HttpRequest) -> None:
     """A POST whose client went away before its body was even read still gets its row."""
-    if request.method != "POST" or request.path_info != EXECUTE_PATH:
+    try:
+        is_execute = resolve(request.path_info).func is execute
+    except Resolver404:
+        return
+    if request.method != "POST" or not is_execute:
         return
     draft = CompletionDraft()
     draft.outcome = "disconnected"

@@ -253,3 +253,13 @@ def wait_until(
             return value
         time.sleep(interval_s)
     raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process still runs; a zombie (killed, not yet reaped by its new parent) is dead."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from livesupport import git_workspace
+from livesupport import git_workspace, pid_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -77,7 +77,7 @@ def test_after_a_worker_is_killed_its_orphaned_command_never_overlaps_the_next_c
                 time.sleep(0.02)
             orphans = [int(pid) for pid in pids.read_text().split()]
             orphans.append(int(escaped.read_text()))
-            assert all(alive(pid) for pid in orphans)
+            assert all(pid_alive(pid) for pid in orphans)
             worker.kill()
             worker.start()
             assert first.result(timeout=30).status_code == 504
@@ -91,21 +91,10 @@ def test_after_a_worker_is_killed_its_orphaned_command_never_overlaps_the_next_c
         )
         assert second.status_code == 200, second.text
         assert second.json()["stdout"] == "done\n", "B ran while A's processes were alive"
-        assert not any(alive(pid) for pid in orphans)
+        assert not any(pid_alive(pid) for pid in orphans)
         # Killed, not finished.
         assert "A end" not in marks(log)
     finally:
         for pid in pids.read_text().split() if pids.exists() else []:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(pid), signal.SIGKILL)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0) but runs nothing.
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    return False

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
-from livesupport import git_workspace
-from workerkit import call, pid_alive, request, ticket_counter
+from livesupport import git_workspace, pid_alive
+from workerkit import call, request, ticket_counter
 
 pytestmark = pytest.mark.e2e
 

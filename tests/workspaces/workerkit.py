@@ -194,13 +194,3 @@ def wait_for_settlement(worker_id: str, entry_id: str, timeout_s: float) -> dict
     with admission_redis() as client:
         popped = client.blpop([key], timeout=timeout_s)
     return None if popped is None else dict(json.loads(popped[1]))
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process still runs; a zombie (killed, not yet reaped by its new parent) is dead."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
