@@ -33,6 +33,8 @@ import harness
 WORKSPACE = "bench"
 # A small file: what is measured is the trip, not the read.
 FILE_TEXT = "".join(f"line {n}: the quick brown fox\n" for n in range(1, 21))
+# What read_file answers for it: the lines without their terminators (contract §2.2).
+READ_CONTENT = FILE_TEXT.removesuffix("\n")
 READ = {
     "protocolVersion": 1,
     "operation": "read_file",
@@ -55,7 +57,7 @@ def measure_in_process(root: Path, calls: int) -> list[float]:
         started = time.perf_counter()
         result = run_operation(request, root=real, deadline=time.monotonic() + 30)
         elapsed_ms = (time.perf_counter() - started) * 1000
-        assert result["content"] == FILE_TEXT
+        assert result["content"] == READ_CONTENT
         if i >= WARMUP_CALLS:
             samples.append(elapsed_ms)
     return samples
@@ -74,7 +76,7 @@ def measure_http(
             response = http.post("/v1/workspace-tools/execute", headers=headers, json=body)
             elapsed_ms = (time.perf_counter() - started) * 1000
             if response.status_code != expect or (
-                expect == 200 and response.json()["content"] != FILE_TEXT
+                expect == 200 and response.json()["content"] != READ_CONTENT
             ):
                 raise SystemExit(
                     f"call {i}: expected {expect}, got {response.status_code} {response.text[:300]}"

@@ -38,7 +38,8 @@ MAX_COMMAND_TIMEOUT_MS = 300_000
 DEFAULT_COMMAND_TIMEOUT_MS = 30_000
 MAX_QUEUE_WAIT_MS = 300_000
 DEFAULT_QUEUE_WAIT_MS = 30_000
-# A read_file window whose content would exceed this is refused with READ_LIMIT_EXCEEDED.
+# A read_file window stops (truncated) before its content would pass this many UTF-8 bytes;
+# a first line that alone is larger is refused with READ_LIMIT_EXCEEDED.
 READ_MAX_BYTES = 1024 * 1024
 # A search match's `text` is its line cut to this many characters.
 MATCH_TEXT_MAX_CHARS = 4096
@@ -541,10 +542,9 @@ _COMMON_RESULT_FIELDS: dict[str, _Field] = {
 _OPERATION_RESULT_FIELDS: dict[str, dict[str, _Field]] = {
     "read_file": {
         "path": _required(_PATH),
-        # Characters, not bytes, for the reason stdout is: the worker caps the raw bytes and
-        # then decodes with replacement, so one invalid byte becomes U+FFFD (3 bytes in UTF-8)
-        # but never more than one character.
-        "content": _required(_text(max_chars=READ_MAX_BYTES)),
+        # UTF-8 bytes of the decoded text, as LibreChat counts them: the worker budgets what it
+        # sends, so a binary line whose bytes decode to U+FFFD (3 bytes each) is cut sooner.
+        "content": _required(_text(max_bytes=READ_MAX_BYTES)),
         "startLine": _required(_integer(1)),
         "endLine": _required(_integer(0)),
         "truncated": _required(_boolean),
@@ -621,12 +621,10 @@ def _inside(path: str, directory: str) -> bool:
     return directory == "" or path == directory or path.startswith(directory + "/")
 
 
-def _line_count(content: str) -> int:
-    # Counted on "\n" only, the fewest lines any convention finds (splitlines() also breaks
-    # on "\r", "\x0c", "\u2028"...), so the bound holds whichever one the worker uses.
-    if content == "":
-        return 0
-    return content.count("\n") + (0 if content.endswith("\n") else 1)
+def _window_lines(content: str) -> int | None:
+    """How many lines `content` holds under §2.2: its pieces split on "\\n". An empty content
+    is zero lines or one empty line, so it fits either count (None)."""
+    return None if content == "" else content.count("\n") + 1
 
 
 def _check_continuation(result: Mapping[str, object], key: str, expected: object) -> None:
@@ -639,14 +637,19 @@ def _check_continuation(result: Mapping[str, object], key: str, expected: object
 
 
 def _read_file_agrees(request: Mapping[str, object], result: Mapping[str, object]) -> None:
+    """§2.2 line windows, the equalities LibreChat's client checks on every read."""
     start, max_lines = _get(request, "startLine", int), _get(request, "maxLines", int)
     if _get(result, "startLine", int) != start:
         raise _Invalid("startLine differs from the request")
     end = _get(result, "endLine", int)
     if not start - 1 <= end <= start + max_lines - 1:
         raise _Invalid("endLine is outside the requested window")
-    if _line_count(_get(result, "content", str)) > end - start + 1:
-        raise _Invalid("content holds more lines than startLine..endLine")
+    reported = end - start + 1
+    lines = _window_lines(_get(result, "content", str))
+    if lines is None and reported > 1:
+        raise _Invalid("an empty content stands for at most one (empty) line")
+    if lines is not None and lines != reported:
+        raise _Invalid(f"content holds {lines} lines where startLine..endLine names {reported}")
     # A truncated page without a single line would send a paging client round in circles.
     if _get(result, "truncated", bool) and end < start:
         raise _Invalid("a truncated result must hold at least one line")

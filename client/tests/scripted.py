@@ -25,7 +25,7 @@ READ_RESULT = {
     "operation": "read_file",
     "workspaceId": "ws",
     "path": "a.txt",
-    "content": "hello\n",
+    "content": "hello",
     "startLine": 1,
     "endLine": 1,
     "truncated": False,

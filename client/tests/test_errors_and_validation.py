@@ -215,7 +215,7 @@ HELPERS: list[tuple[Callable[[Any], Any], dict[str, Any], dict[str, Any]]] = [
     (
         lambda c: c.read_file("ws", "a.txt", start_line=3, max_lines=2),
         {"operation": "read_file", "path": "a.txt", "startLine": 3, "maxLines": 2},
-        {"path": "a.txt", "content": "x\n", "startLine": 3, "endLine": 3, "truncated": False},
+        {"path": "a.txt", "content": "x", "startLine": 3, "endLine": 3, "truncated": False},
     ),
     (
         lambda c: c.list_files("ws", "src", max_results=5, after_path="src/a"),

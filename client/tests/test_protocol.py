@@ -674,7 +674,7 @@ PAIRS: dict[str, tuple[dict[str, Any], dict[str, object]]] = {
         request("read_file", path="src/a.py", startLine=3, maxLines=2),
         {
             "path": "src/a.py",
-            "content": "c\nd\n",
+            "content": "c\nd",
             "startLine": 3,
             "endLine": 4,
             "truncated": True,
@@ -809,8 +809,14 @@ def test_result_path_must_be_the_requested_safe_path(operation: str, path: str) 
         {"endLine": 1, "truncated": False, "nextStartLine": DROP},  # before startLine - 1
         {"endLine": 4.0},
         {"endLine": True},
-        {"content": "c\nd\ne\n"},  # three lines in a two-line window
-        {"content": "c\nd\ne"},
+        {"content": "c\nd\ne"},  # three lines in a two-line window
+        # Lines keep no terminator: "c\nd\n" splits into three pieces, which LibreChat refuses.
+        {"content": "c\nd\n"},
+        {"content": "c\r\nd\r\n"},
+        {"content": "c"},  # one line where startLine..endLine names two
+        {"content": "", "truncated": False, "nextStartLine": DROP},  # empty for two lines
+        # 1 Mi replacement characters are 3 MiB of UTF-8: more than LibreChat reads.
+        {"content": "\ufffd" * (READ_MAX_BYTES - 2) + "\nd"},
         {"content": 5},
         {"content": "x" * (READ_MAX_BYTES + 1)},
         {"content": SURROGATE},
@@ -833,11 +839,11 @@ def test_hostile_read_file_result_is_refused(changes: dict[str, object]) -> None
     [
         {"endLine": 3, "content": "c", "truncated": False, "nextStartLine": DROP},
         {"endLine": 2, "content": "", "truncated": False, "nextStartLine": DROP},  # past EOF
-        {"endLine": 4, "content": "c\r\nd\r\n"},
+        {"endLine": 4, "content": "c\r\nd\r"},  # a "\r" before the "\n" stays in the line
+        {"endLine": 3, "content": "", "nextStartLine": 4},  # one empty line, more to come
         {"endLine": 4, "content": "c\rstill c\nd"},  # "\r" alone does not end a line here
         {"content": "x" * (READ_MAX_BYTES - 2) + "\nd"},
-        # A binary line read as 1 MiB of bytes decodes to 1 Mi replacement characters.
-        {"content": "\ufffd" * (READ_MAX_BYTES - 2) + "\nd"},
+        {"content": "\ufffd" * ((READ_MAX_BYTES - 2) // 3) + "\nd"},
     ],
 )
 def test_legitimate_read_file_results_pass(changes: dict[str, object]) -> None:

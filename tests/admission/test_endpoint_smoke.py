@@ -21,4 +21,4 @@ def test_read_file_round_trips_through_a_real_worker(
             },
         )
     assert r.status_code == 200, r.text
-    assert r.json()["content"] == "hello\n"
+    assert r.json()["content"] == "hello"

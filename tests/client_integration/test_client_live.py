@@ -361,7 +361,7 @@ def test_the_cli_prints_the_result_and_exits_0_and_a_missing_worker_exits_2(
         "operation": "read_file",
         "workspaceId": "ws",
         "path": "README.md",
-        "content": "# demo\n",
+        "content": "# demo",
         "startLine": 1,
         "endLine": 1,
         "truncated": False,

@@ -238,7 +238,7 @@ def test_a_call_through_an_api_on_the_cluster_runs_and_waits_by_push_and_logs_it
                 headers=headers | {"X-LibreChat-Workspace-Request-Id": "cluster-read-000001"},
             )
             assert r.status_code == 200, r.text
-            assert r.json()["content"] == "# demo\n"
+            assert r.json()["content"] == "# demo"
 
         # Two commands on one key: the second waits and is woken by the first one's settlement.
         def run(name: str) -> httpx.Response:

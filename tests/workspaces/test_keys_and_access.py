@@ -119,7 +119,7 @@ def test_owner_and_member_both_read_through_their_tenants_worker(
         as_member = call(http, member.api_key, owner.worker_id)
     assert as_owner.status_code == 200, as_owner.text
     assert as_member.status_code == 200, as_member.text
-    assert as_owner.json()["content"] == as_member.json()["content"] == "shared\n"
+    assert as_owner.json()["content"] == as_member.json()["content"] == "shared"
 
 
 def test_outsider_cannot_tell_the_tenants_worker_from_a_worker_that_does_not_exist(
@@ -161,5 +161,5 @@ def test_outsider_reaches_only_its_own_worker_even_with_the_owners_workspace_id(
         )
         named = call(http, outsider.api_key, owner.worker_id)
     assert unnamed.status_code == 200, unnamed.text
-    assert unnamed.json()["content"] == "outsider's\n"
+    assert unnamed.json()["content"] == "outsider's"
     assert named.status_code == 404

@@ -31,7 +31,7 @@ READ_RESULT = {
     "operation": "read_file",
     "workspaceId": "repo",
     "path": "a.txt",
-    "content": "a\n",
+    "content": "a",
     "startLine": 1,
     "endLine": 1,
     "truncated": False,

@@ -48,7 +48,7 @@ def test_read_file_returns_a_line_window_with_the_next_start_line(http, owner, w
         "operation": "read_file",
         "workspaceId": "repo",
         "path": "notes.txt",
-        "content": "line 2\nline 3\n",
+        "content": "line 2\nline 3",
         "startLine": 2,
         "endLine": 3,
         "truncated": True,
@@ -58,7 +58,7 @@ def test_read_file_returns_a_line_window_with_the_next_start_line(http, owner, w
     # Not truncated: nextStartLine is absent, not null.
     assert set(rest) == COMMON | {"path", "content", "startLine", "endLine", "truncated"}
     assert (rest["content"], rest["startLine"], rest["endLine"], rest["truncated"]) == (
-        "line 4\nline 5\n",
+        "line 4\nline 5",
         4,
         5,
         False,

@@ -41,40 +41,63 @@ def _skip_lines(f: BinaryIO, count: int, deadline: float) -> None:
             check_deadline(deadline, "READ_TIMEOUT")
 
 
+def _decoded(line: bytes) -> tuple[str, int]:
+    """A line's text and its size in UTF-8: invalid bytes become U+FFFD (3 bytes each), so a
+    binary line can grow when decoded and the budget is counted on what is sent."""
+    try:
+        return line.decode("utf-8"), len(line)
+    except UnicodeDecodeError:
+        text = line.decode("utf-8", errors="replace")
+        return text, len(text.encode("utf-8"))
+
+
 def read_file(request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
-    """A window of lines split on ``\\n``; each line keeps its own ending (``\\r\\n`` stays)."""
+    """The lines ``startLine..endLine``, each without its terminator, joined with ``\\n``.
+
+    Lines end at ``\\n`` only (a ``\\r`` before it stays in the line), so ``content``
+    splits on ``\\n`` into exactly ``endLine - startLine + 1`` pieces, the rule LibreChat
+    checks on every read (contract §2.2). A window stops early, truncated, where the next line
+    would take ``content`` past READ_MAX_BYTES; only a first line that alone is too large is
+    refused.
+    """
     rel = str(request["path"])
     start_line = int(str(request["startLine"]))
     max_lines = int(str(request["maxLines"]))
+    lines: list[str] = []
+    size = 0  # UTF-8 bytes of the content so far, the joining newlines included
+    truncated = False
     with open_regular(resolve(root, rel), rel) as f:
         _skip_lines(f, start_line - 1, deadline)
-        raw: list[bytes] = []
-        size = 0
-        while len(raw) < max_lines:
-            budget = READ_MAX_BYTES - size
-            # Asking for one byte more than the budget tells "fits exactly" from "too long"
-            # without reading the rest of a huge line.
-            line = f.readline(budget + 1)
-            if not line:
+        while len(lines) < max_lines:
+            budget = READ_MAX_BYTES - size - (1 if lines else 0)
+            # Two bytes past the budget: room for the line's own "\n", and one more to tell
+            # "fits exactly" from "too long" without reading the rest of a huge line.
+            piece = f.readline(budget + 2)
+            if not piece:
                 break
-            if len(line) > budget:
-                raise OperationError(
-                    "READ_LIMIT_EXCEEDED",
-                    f"Lines {start_line}-{start_line + len(raw)} of {describe(rel)} exceed "
-                    f"{READ_MAX_BYTES} bytes; ask for fewer lines.",
-                )
-            raw.append(line)
-            size += len(line)
-        more = len(raw) == max_lines and f.read(1) != b""
-    end_line = start_line + len(raw) - 1
+            text, length = _decoded(piece[:-1] if piece.endswith(b"\n") else piece)
+            if length > budget:
+                if not lines:
+                    raise OperationError(
+                        "READ_LIMIT_EXCEEDED",
+                        f"Line {start_line} of {describe(rel)} alone exceeds {READ_MAX_BYTES} "
+                        "bytes; it cannot be read as text.",
+                    )
+                truncated = True
+                break
+            size += length + (1 if lines else 0)
+            lines.append(text)
+        else:
+            truncated = f.read(1) != b""
+    end_line = start_line + len(lines) - 1
     result: dict[str, object] = {
         "path": rel,
-        "content": b"".join(raw).decode("utf-8", errors="replace"),
+        "content": "\n".join(lines),
         "startLine": start_line,
         "endLine": end_line,
-        "truncated": more,
+        "truncated": truncated,
     }
-    if more:
+    if truncated:
         result["nextStartLine"] = end_line + 1
     return result
 

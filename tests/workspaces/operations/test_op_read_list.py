@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sluice_client.protocol import READ_MAX_BYTES
+from librechat_rules import assert_librechat_accepts_read
+from sluice_client.protocol import READ_MAX_BYTES, validate_request, validate_result
 
 from workspaces.operations import OperationError
 
@@ -28,67 +29,112 @@ def test_read_file_returns_the_whole_small_file_with_the_common_fields(
         "operation": "read_file",
         "workspaceId": "ws-1",
         "path": "a.txt",
-        "content": FIVE_LINES,
+        "content": "one\ntwo\nthree\nfour\nfive",
         "startLine": 1,
         "endLine": 5,
         "truncated": False,
     }
 
 
-def test_window_in_the_middle_is_truncated_and_names_the_next_line(
-    workspace: Path, run: Run
-) -> None:
-    (workspace / "a.txt").write_text(FIVE_LINES)
-    result = run("read_file", path="a.txt", startLine=2, maxLines=2)
-    assert (result["content"], result["endLine"], result["truncated"]) == ("two\nthree\n", 3, True)
-    assert result["nextStartLine"] == 4
-
-
-def test_window_ending_on_the_last_line_is_not_truncated(workspace: Path, run: Run) -> None:
-    (workspace / "a.txt").write_text(FIVE_LINES)
-    result = run("read_file", path="a.txt", startLine=4, maxLines=2)
-    assert (result["content"], result["endLine"], result["truncated"]) == ("four\nfive\n", 5, False)
-    assert "nextStartLine" not in result
-
-
-def test_last_line_without_newline_counts_as_a_line(workspace: Path, run: Run) -> None:
-    (workspace / "a.txt").write_text("one\ntwo")
-    assert run("read_file", path="a.txt", startLine=1, maxLines=1)["nextStartLine"] == 2
-    result = run("read_file", path="a.txt", startLine=2, maxLines=5)
-    assert (result["content"], result["endLine"], result["truncated"]) == ("two", 2, False)
-
-
-@pytest.mark.parametrize("start_line", [6, 7, 1000])
-def test_start_line_beyond_the_end_gives_empty_content(
-    workspace: Path, run: Run, start_line: int
-) -> None:
-    (workspace / "a.txt").write_text(FIVE_LINES)
-    result = run("read_file", path="a.txt", startLine=start_line, maxLines=3)
-    assert (result["content"], result["endLine"], result["truncated"]) == (
-        "",
-        start_line - 1,
+# The window rule of contract §2.2, one row per case: the file's bytes, the window asked for,
+# and what must come back (content, endLine, truncated; nextStartLine is endLine + 1 exactly
+# when truncated). Every answer is also put through LibreChat's own acceptance rule.
+WINDOWS = [
+    # (file bytes, startLine, maxLines, content, endLine, truncated)
+    pytest.param(b"", 1, 200, "", 0, False, id="empty-file"),
+    pytest.param(b"", 3, 200, "", 2, False, id="empty-file-later-start"),
+    pytest.param(b"\n", 1, 200, "", 1, False, id="one-empty-line"),
+    pytest.param(b"\n\n", 1, 200, "\n", 2, False, id="two-empty-lines"),
+    pytest.param(b"\n\nx", 1, 1, "", 1, True, id="empty-line-truncated"),
+    pytest.param(b"a", 1, 200, "a", 1, False, id="no-final-newline"),
+    pytest.param(b"a\n", 1, 200, "a", 1, False, id="final-newline-is-no-extra-line"),
+    pytest.param(b"a\n\n", 1, 200, "a\n", 2, False, id="trailing-empty-line"),
+    pytest.param(b"a\n\n", 2, 200, "", 2, False, id="window-on-the-trailing-empty-line"),
+    pytest.param(
+        b"line one\nline two\nneedle here\n",
+        1,
+        3,
+        "line one\nline two\nneedle here",
+        3,
         False,
-    )
+        id="the-issue-example",
+    ),
+    pytest.param(FIVE_LINES.encode(), 2, 2, "two\nthree", 3, True, id="middle-window"),
+    pytest.param(FIVE_LINES.encode(), 4, 2, "four\nfive", 5, False, id="window-ends-at-eof"),
+    pytest.param(FIVE_LINES.encode(), 5, 1, "five", 5, False, id="last-line-exactly"),
+    pytest.param(FIVE_LINES.encode(), 6, 3, "", 5, False, id="start-just-past-the-end"),
+    pytest.param(FIVE_LINES.encode(), 1000, 3, "", 999, False, id="start-far-past-the-end"),
+    pytest.param(b"one\ntwo", 1, 1, "one", 1, True, id="truncated-before-unterminated-line"),
+    pytest.param(b"one\ntwo", 2, 5, "two", 2, False, id="unterminated-last-line"),
+    pytest.param(b"a\r\nb\r\n", 1, 200, "a\r\nb\r", 2, False, id="crlf-keeps-its-cr"),
+    pytest.param(b"a\r\nb\r\n", 2, 200, "b\r", 2, False, id="crlf-second-line"),
+    pytest.param(b"a\rb\n", 1, 200, "a\rb", 1, False, id="lone-cr-is-not-a-line-end"),
+    pytest.param(b"bad \xff byte\n", 1, 200, "bad \ufffd byte", 1, False, id="bad-utf8-replaced"),
+]
 
 
-def test_empty_file_reads_as_no_lines(workspace: Path, run: Run) -> None:
-    (workspace / "empty").write_bytes(b"")
-    result = run("read_file", path="empty")
-    assert (result["content"], result["endLine"], result["truncated"]) == ("", 0, False)
+@pytest.mark.parametrize(("data", "start", "max_lines", "content", "end", "truncated"), WINDOWS)
+def test_read_window_follows_the_contract_and_librechat_accepts_it(
+    workspace: Path,
+    run: Run,
+    data: bytes,
+    start: int,
+    max_lines: int,
+    content: str,
+    end: int,
+    truncated: bool,
+) -> None:
+    (workspace / "f.txt").write_bytes(data)
+    request = {
+        "protocolVersion": 1,
+        "operation": "read_file",
+        "workspaceId": "ws-1",
+        "path": "f.txt",
+        "startLine": start,
+        "maxLines": max_lines,
+    }
+    result = run("read_file", path="f.txt", startLine=start, maxLines=max_lines)
+    assert (result["content"], result["endLine"], result["truncated"]) == (content, end, truncated)
+    assert result.get("nextStartLine") == (end + 1 if truncated else None)
+    assert_librechat_accepts_read(request, result)
+    validate_result(validate_request(request), result)
 
 
-def test_original_line_endings_are_kept_and_bad_utf8_is_replaced(workspace: Path, run: Run) -> None:
-    (workspace / "w.txt").write_bytes(b"dos\r\nbad \xff byte\n")
-    assert run("read_file", path="w.txt")["content"] == "dos\r\nbad \ufffd byte\n"
+def test_paging_with_next_start_line_reads_every_line_once(workspace: Path, run: Run) -> None:
+    text = "".join(f"line {n}\r\n" if n % 3 else f"line {n}\n" for n in range(1, 48)) + "tail"
+    (workspace / "f.txt").write_text(text, newline="")
+    pieces, start = [], 1
+    while True:
+        result = run("read_file", path="f.txt", startLine=start, maxLines=10)
+        pieces.append(result["content"])
+        if not result["truncated"]:
+            break
+        start = result["nextStartLine"]
+    assert "\n".join(pieces) == text
 
 
-def test_window_over_the_read_limit_is_refused_but_a_window_at_the_limit_is_not(
+def test_window_stops_truncated_where_the_next_line_would_pass_the_read_limit(
     workspace: Path, run: Run, refuse: Refuse
 ) -> None:
-    exact = b"x" * (READ_MAX_BYTES - 1) + b"\n"
+    exact = b"x" * READ_MAX_BYTES + b"\n"
     (workspace / "big.txt").write_bytes(exact + b"y\n")
     assert run("read_file", path="big.txt", maxLines=1)["endLine"] == 1
-    assert refuse("read_file", path="big.txt", maxLines=2).code == "READ_LIMIT_EXCEEDED"
+    both = run("read_file", path="big.txt", maxLines=2)
+    assert (both["endLine"], both["truncated"], both["nextStartLine"]) == (1, True, 2)
+    assert len(both["content"].encode()) == READ_MAX_BYTES
+    assert run("read_file", path="big.txt", startLine=2)["content"] == "y"
+    (workspace / "over.txt").write_bytes(b"x" * (READ_MAX_BYTES + 1) + b"\n")
+    assert refuse("read_file", path="over.txt").code == "READ_LIMIT_EXCEEDED"
+
+
+def test_a_binary_line_is_budgeted_by_its_decoded_size(
+    workspace: Path, run: Run, refuse: Refuse
+) -> None:
+    # 0xff decodes to U+FFFD, three bytes in UTF-8: 400 KiB of it is 1.2 MiB of text.
+    (workspace / "bin").write_bytes(b"ok\n" + b"\xff" * (400 * 1024) + b"\n")
+    result = run("read_file", path="bin")
+    assert (result["content"], result["endLine"], result["truncated"]) == ("ok", 1, True)
+    assert refuse("read_file", path="bin", startLine=2).code == "READ_LIMIT_EXCEEDED"
 
 
 def test_a_short_first_line_of_a_2_gib_file_is_read_without_reading_the_rest(
@@ -99,7 +145,7 @@ def test_a_short_first_line_of_a_2_gib_file_is_read_without_reading_the_rest(
         f.truncate(2 * 1024**3)  # sparse: costs no disk, but is one 2 GiB line of NULs
     started = time.monotonic()
     result = run("read_file", path="huge.bin", maxLines=1)
-    assert (result["content"], result["truncated"]) == ("hello\n", True)
+    assert (result["content"], result["truncated"]) == ("hello", True)
     assert time.monotonic() - started < 1
 
 
