@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # The install stamp is named after the requirements' content, so editing a pin (or pulling
 # one) reinstalls, while a fresh checkout's new file times alone do not.
-REQ_FILES := requirements.txt requirements-dev.txt client/pyproject.toml
+REQ_FILES := requirements.txt requirements-dev.txt client/pyproject.toml protocol/pyproject.toml
 REQ_HASH := $(shell cat $(REQ_FILES) | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(REQ_HASH)
 

@@ -15,7 +15,7 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
-from sluice_client.protocol import OPERATIONS
+from sluice_protocol import OPERATIONS
 
 from admission.models import AdmissionPolicy, CompletionLog, Quarantine
 from admission.policy import forget_cached_policy, policy_row

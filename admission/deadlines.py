@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sluice_client.protocol import DEFAULT_COMMAND_TIMEOUT_MS
+from sluice_protocol import DEFAULT_COMMAND_TIMEOUT_MS
 
 SETTLE_MS = 5_000
 DEFAULT_EXEC_MS = 30_000

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
-from sluice_client.protocol import OPERATIONS
+from sluice_protocol import OPERATIONS
 
 from admission.ratelimit import RatePolicy
 

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redis.exceptions import RedisError
-from sluice_client.protocol import (
+from sluice_protocol import (
     MUTATING_OPERATIONS,
     ProtocolError,
     isolation_key,

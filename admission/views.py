@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
-from sluice_client.protocol import (
+from sluice_protocol import (
     OPERATIONS,
     ProtocolError,
     parse_queue_wait_header,

@@ -45,7 +45,7 @@ WARMUP_CALLS = 50
 
 
 def measure_in_process(root: Path, calls: int) -> list[float]:
-    from sluice_client.protocol import validate_request
+    from sluice_protocol import validate_request
 
     from workspaces.operations import run_operation
 

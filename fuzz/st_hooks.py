@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 import schemathesis
-from sluice_client.protocol import (
+from sluice_protocol import (
     ProtocolError,
     is_safe_relative_path,
     validate_request,

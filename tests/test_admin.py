@@ -17,7 +17,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 from livesupport import git_workspace
-from sluice_client.protocol import OPERATIONS, isolation_key
+from sluice_protocol import OPERATIONS, isolation_key
 
 from admission.models import AdmissionPolicy, CompletionLog, Quarantine
 from admission.policy import current_policy, policy_row

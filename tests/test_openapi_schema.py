@@ -1,9 +1,10 @@
-"""The OpenAPI document at /v1/schema/ against the contract, the protocol and a live server.
+"""The OpenAPI document at /v1/schema/ against docs/api.md, the protocol and a live server.
 
 * It is a valid OpenAPI 3.1 document (the meta-schema schemathesis ships).
-* Every (status, code) of CONTRACT.md §2.5, parsed from the contract itself, is a documented
-  answer of the execute endpoint; so are the headers of §2.1 (same patterns) and §3.
-* Its request bodies accept exactly what `sluice_client.protocol.validate_request` accepts, at
+* Every (status, code) of docs/api.md's failure table, parsed from the page itself, is a
+  documented answer of the execute endpoint; so are its headers (same patterns) and the
+  rate-limit headers.
+* Its request bodies accept exactly what `sluice_protocol.validate_request` accepts, at
   and around every bound, so client, server and document cannot drift apart.
 * Real answers of a live server (uvicorn + a real worker) validate against it: a 200 of every
   operation and each error a client can provoke (fuzz/probes.py, shared with `make fuzz`).
@@ -21,36 +22,33 @@ from typing import Any
 import httpx
 import jsonschema_rs
 import pytest
+import sluice_protocol as protocol
 from django.conf import settings
 from django.test import Client
 from livesupport import ApiServer, base_env, start_api
 from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
-from sluice_client import protocol
 
 from config.schema import EXECUTE_PATH, PATTERNS, openapi_document
 from fuzz import oracle, probes, sandbox
 
-CONTRACT = Path(settings.BASE_DIR).parent / "shared" / "spec" / "CONTRACT.md"
-RATE_LIMITED = "(typed rate limit, §3)"
+API_DOC = Path(settings.BASE_DIR) / "docs" / "api.md"
+RATE_LIMITED = "(typed rate limit, below)"  # the rate-limit row of the failure table
 
 
-def contract_section(number: str) -> str:
-    if not CONTRACT.is_file():
-        pytest.fail(
-            f"The wire contract is not at {CONTRACT}: the schema is checked against it. "
-            "Put a copy of shared/ beside the repository (as CI does)."
-        )
-    text = CONTRACT.read_text()
-    start = re.search(rf"^##+ {re.escape(number)}\b.*$", text, re.MULTILINE)
-    assert start is not None, f"CONTRACT.md has no section {number}"
-    end = re.compile(r"^##+ ", re.MULTILINE).search(text, start.end())
+def api_section(title: str) -> str:
+    """A section of docs/api.md, the project's own statement of the API that the schema must
+    cover."""
+    text = API_DOC.read_text()
+    start = re.search(rf"^## {re.escape(title)}$", text, re.MULTILINE)
+    assert start is not None, f"docs/api.md has no section {title!r}"
+    end = re.compile(r"^## ", re.MULTILINE).search(text, start.end())
     return text[start.end() : end.start() if end else len(text)]
 
 
-def contract_codes() -> list[tuple[int, str]]:
-    """(status, code) pairs of §2.5's table; the rate-limit row as (429, RATE_LIMITED)."""
+def api_codes() -> list[tuple[int, str]]:
+    """(status, code) pairs of the failure table; the rate-limit row as (429, RATE_LIMITED)."""
     pairs: list[tuple[int, str]] = []
-    for line in contract_section("2.5").splitlines():
+    for line in api_section("What a failure means").splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if len(cells) < 2 or not re.fullmatch(r"[0-9/]+", cells[0]):
             continue
@@ -95,8 +93,8 @@ def test_every_ref_resolves() -> None:
     assert refs and refs <= names, refs - names
 
 
-def test_every_code_of_the_contract_is_an_answer_of_the_execute_endpoint() -> None:
-    pairs = contract_codes()
+def test_every_documented_code_is_an_answer_of_the_execute_endpoint() -> None:
+    pairs = api_codes()
     # The table holds 20-odd codes; far fewer means the parser, not the schema, is wrong.
     assert len(pairs) >= 25, pairs
     responses = execute_responses()
@@ -120,8 +118,8 @@ def test_every_code_of_the_contract_is_an_answer_of_the_execute_endpoint() -> No
     assert missing == []
 
 
-def test_the_execute_headers_of_the_contract_are_documented_with_its_patterns() -> None:
-    section = contract_section("2.1")
+def test_the_documented_headers_are_in_the_schema_with_their_patterns() -> None:
+    section = api_section("Headers")
     params = {
         p["name"]: p["schema"]["pattern"]
         for p in openapi_document()["paths"][EXECUTE_PATH]["post"]["parameters"]
@@ -133,7 +131,7 @@ def test_the_execute_headers_of_the_contract_are_documented_with_its_patterns() 
         pattern = re.search(r"`(\^[^`]+\$)`", text)
         assert pattern is not None, name
         if name == "X-LibreChat-Workspace-Queue-Wait-Ms":
-            # The contract gives a pattern and a bound; the document folds both into its pattern.
+            # docs/api.md gives a pattern and a bound; the schema folds both into its pattern.
             bound = int(re.search(r"≤ ([0-9]+)", text).group(1))  # type: ignore[union-attr]
             for value in [*map(str, range(-2, 1000)), "300000", "300001", "01", "9" * 7, "1e3"]:
                 expected = bool(re.fullmatch(pattern.group(1)[1:-1], value)) and int(value) <= bound
@@ -143,11 +141,13 @@ def test_the_execute_headers_of_the_contract_are_documented_with_its_patterns() 
 
 
 def test_the_rate_limit_headers_and_retry_after_are_documented() -> None:
-    named = set(re.findall(r"`((?:Retry-After|RateLimit-[A-Za-z]+))[`:]", contract_section("3")))
+    named = set(
+        re.findall(r"`((?:Retry-After|RateLimit-[A-Za-z]+))[`:]", api_section("Rate limit"))
+    )
     assert {"Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} <= named
     responses = execute_responses()
     assert named <= set(responses["429"]["headers"])
-    assert "Retry-After" in responses["503"]["headers"]  # WORKSPACE_QUEUE_TIMEOUT (§2.5)
+    assert "Retry-After" in responses["503"]["headers"]  # WORKSPACE_QUEUE_TIMEOUT
 
 
 def test_the_queue_wait_pattern_accepts_exactly_what_the_protocol_accepts() -> None:
@@ -259,7 +259,7 @@ def test_docs_page_lists_every_endpoint_and_execute_code_without_fetching_anythi
     page = response.content.decode()
     for path in openapi_document()["paths"]:
         assert f"<code>{path}</code>" in page, path
-    for status, code in contract_codes():
+    for status, code in api_codes():
         if code != RATE_LIMITED:
             assert code.replace("*", "") in page, (status, code)
     # Self-contained: no script at all, nothing loaded from another origin.

@@ -9,7 +9,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from sluice_client.protocol import OPERATIONS
+from sluice_protocol import OPERATIONS
 
 from admission.errors import ApiError
 from workspaces.auth import WorkerTokenAuthentication

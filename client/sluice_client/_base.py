@@ -10,16 +10,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sluice_client import __version__
-from sluice_client.errors import WorkspaceToolError
-from sluice_client.policy import AttemptPlan, Budgets
-from sluice_client.protocol import (
+from sluice_protocol import (
     PROTOCOL_VERSION,
     ProtocolError,
     validate_request,
     validate_request_id,
     validate_worker_id,
 )
+
+from sluice_client import __version__
+from sluice_client.errors import WorkspaceToolError
+from sluice_client.policy import AttemptPlan, Budgets
 
 EXECUTE_PATH = "/v1/workspace-tools/execute"
 CANCEL_PATH = "/v1/workspace-tools/requests/{request_id}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from sluice_client.protocol import PROTOCOL_VERSION
+from sluice_protocol import PROTOCOL_VERSION
 
 R = TypeVar("R")
 

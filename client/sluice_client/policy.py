@@ -16,14 +16,14 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import httpx
-
-from sluice_client.errors import WorkspaceToolError, may_have_run_message, rejected_message
-from sluice_client.protocol import (
+from sluice_protocol import (
     DEFAULT_COMMAND_TIMEOUT_MS,
     MAX_QUEUE_WAIT_MS,
     ProtocolError,
     validate_result,
 )
+
+from sluice_client.errors import WorkspaceToolError, may_have_run_message, rejected_message
 from sluice_client.responses import RawResponse, Rejection, clamp_wait_ms, classify
 
 DEFAULT_QUEUE_WAIT_HEADER_MS = 30_000

@@ -2,7 +2,7 @@
 
 Written by hand: drf-spectacular cannot see the async execute endpoint. What can drift is not
 typed twice. Request and result bodies take their field names, which fields are required and
-their defaults from `sluice_client.protocol`'s own field tables, and every bound and pattern
+their defaults from `sluice_protocol`'s own field tables, and every bound and pattern
 from its constants, so the client, the server and this document agree by construction: a field
 added to the protocol without a schema here fails the build (and tests/test_openapi_schema.py,
 which also checks each bound against `validate_request`).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice_client import protocol as p
+import sluice_protocol as p
 
 from admission.ratelimit import POLICY_NAME
 from config.schema.bodies import Schema

@@ -1,6 +1,6 @@
 """Request and result bodies per operation (contract §2.2), from the protocol's field tables.
 
-Field names, which are required and their defaults come from `sluice_client.protocol`; bounds
+Field names, which are required and their defaults come from `sluice_protocol`; bounds
 from its constants. Only each field's JSON type and bounds are written here, once.
 """
 
@@ -10,7 +10,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from sluice_client import protocol as p
+import sluice_protocol as p
 
 from config.schema.patterns import PATTERNS
 
@@ -187,7 +187,7 @@ def _object_from_fields(
     """An exact object: the protocol's field table decides the keys, required ones, defaults."""
     if set(fields) != set(schemas):
         raise RuntimeError(
-            f"config/schema.py and sluice_client.protocol disagree on the {operation} {kind} "
+            f"config/schema.py and sluice_protocol disagree on the {operation} {kind} "
             f"fields: {sorted(set(fields) ^ set(schemas))}"
         )
     properties: dict[str, Schema] = {}

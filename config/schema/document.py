@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from sluice_client import protocol as p
+import sluice_protocol as p
 
 from config.schema.answers import (
     REF,

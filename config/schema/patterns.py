@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 
-from sluice_client import protocol as p
+import sluice_protocol as p
 
 
 def _anchored(regex: re.Pattern[str]) -> str:

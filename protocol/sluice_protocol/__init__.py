@@ -1,4 +1,4 @@
-"""The wire contract's field rules (protocol v1), shared by the client and the Sluice server.
+"""The wire contract's field rules (protocol v1), shared by sluice-client and the Sluice server.
 
 The server imports this module to validate requests before anything is queued and to check
 a worker's result before it is forwarded, so client and server can never disagree on a bound.

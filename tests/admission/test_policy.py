@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from livesupport import ROOT, git_workspace
-from sluice_client.protocol import OPERATIONS
+from sluice_protocol import OPERATIONS
 
 from admission.models import AdmissionPolicy
 from admission.policy import policy_row

@@ -28,7 +28,7 @@ import redis
 from django.conf import settings
 from livesupport import ApiServer, Worker, git_workspace, start_api
 from secsupport import EXECUTE, ThrowawayRedis, body, worker_acl, worker_queue
-from sluice_client.protocol import validate_request
+from sluice_protocol import validate_request
 
 from admission.completion import metrics_key, stream_key
 from admission.queue import SyncQueue, request_id_key, worker_keys

@@ -19,7 +19,7 @@ import httpx
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
-from sluice_client.protocol import isolation_key, validate_request
+from sluice_protocol import isolation_key, validate_request
 
 from admission.queue import AsyncQueue, Grant, SyncQueue, worker_keys
 from workspaces.dispatch import worker_queue_name

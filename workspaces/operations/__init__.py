@@ -1,7 +1,7 @@
 """The seven workspace operations a worker executes on real files (§2.2), and their dispatch.
 
 Runs inside the worker process and imports no Django, so it can be tested on its own. Input
-is a request already validated and normalized by ``sluice_client.protocol``; containment is
+is a request already validated and normalized by ``sluice_protocol``; containment is
 still enforced here (see ``paths``), because validation cannot see symlinks.
 """
 
@@ -11,7 +11,7 @@ import errno
 import os
 from collections.abc import Callable
 
-from sluice_client.protocol import PROTOCOL_VERSION
+from sluice_protocol import PROTOCOL_VERSION
 
 from workspaces.operations.command import execute_command
 from workspaces.operations.edit import edit_file, preview_edit

@@ -10,7 +10,7 @@ import secrets
 import stat
 from typing import BinaryIO
 
-from sluice_client.protocol import MAX_WRITE_BYTES, READ_MAX_BYTES
+from sluice_protocol import MAX_WRITE_BYTES, READ_MAX_BYTES
 
 from workspaces.operations.errors import OperationError, OutcomeUnknown, check_deadline
 from workspaces.operations.paths import (

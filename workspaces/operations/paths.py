@@ -19,7 +19,7 @@ import stat
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from sluice_client.protocol import is_safe_relative_path
+from sluice_protocol import is_safe_relative_path
 
 from workspaces.operations.errors import OperationError, check_deadline
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from sluice_client.protocol import MATCH_TEXT_MAX_CHARS
+from sluice_protocol import MATCH_TEXT_MAX_CHARS
 
 from workspaces.operations.errors import OperationError, check_deadline
 from workspaces.operations.paths import iter_tree, open_regular, resolve

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from redis.exceptions import RedisError
-from sluice_client.protocol import MAX_ERROR_CHARS, MUTATING_OPERATIONS
+from sluice_protocol import MAX_ERROR_CHARS, MUTATING_OPERATIONS
 
 from workspaces.operations import OperationError, OutcomeUnknown, resolve_lane, run_operation
 from workspaces.runtime import state as worker_state

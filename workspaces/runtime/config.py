@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from sluice_client.protocol import OPERATIONS
+from sluice_protocol import OPERATIONS
 
 WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", re.ASCII)
 MAX_SLOTS = 64

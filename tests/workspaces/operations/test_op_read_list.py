@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from librechat_rules import assert_librechat_accepts_read
-from sluice_client.protocol import READ_MAX_BYTES, validate_request, validate_result
+from sluice_protocol import READ_MAX_BYTES, validate_request, validate_result
 
 from workspaces.operations import OperationError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sluice_client.protocol import MATCH_TEXT_MAX_CHARS
+from sluice_protocol import MATCH_TEXT_MAX_CHARS
 
 from workspaces.operations import OperationError
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
-from sluice_client.protocol import ProtocolError, validate_worker_id
+from sluice_protocol import ProtocolError, validate_worker_id
 
 from workspaces.models import ApiKey, Principal, Tenant, Worker
 from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret

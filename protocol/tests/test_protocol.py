@@ -7,7 +7,7 @@ import pickle
 from typing import Any
 
 import pytest
-from sluice_client.protocol import (
+from sluice_protocol import (
     MATCH_TEXT_MAX_CHARS,
     READ_MAX_BYTES,
     WORKER_ERROR_STATUS,
