@@ -42,7 +42,8 @@ test: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy config workspaces admission dashboard tests scripts
+	$(VENV)/bin/mypy config api workspaces admission dashboard tests scripts
+	$(VENV)/bin/lint-imports
 
 bench: venv
 	@if [ -f benchmarks/run.py ]; then \

@@ -1,9 +1,9 @@
 """Completion rows: one per POST to the execute endpoint, admitted or not (contract §5).
 
 The response path never waits for Postgres: a finished call appends its row to a Redis
-stream (one XADD) and logs the structured line; a drainer thread in every API process moves
-rows from the stream into Postgres in batches, acknowledging them only once they are
-committed. If Postgres is down, rows wait in the stream and land when it is back; a row is
+stream (one XADD) and logs the structured line; the drainer process (`manage.py
+drain_completions`, one or more per deployment) moves rows from the stream into Postgres in
+batches, acknowledging them only once they are committed. If Postgres is down, rows wait in the stream and land when it is back; a row is
 written at most once (its uid is unique). If Redis itself refuses the XADD, the row is written
 to Postgres directly instead.
 
@@ -251,11 +251,11 @@ def _land(entries: list[tuple[str, dict[str, str]]]) -> None:
 
 
 class CompletionDrainer(threading.Thread):
-    """Moves rows from the stream to Postgres. One per API process; any number may run.
+    """Moves rows from the stream to Postgres. Any number may run, in processes of their own
+    (`drain_completions` runs one in the foreground) or as a thread.
 
-    It shares its process with the API's event loop, so it lands rows in batches: once a row
-    arrives it keeps reading rows as they come for up to `linger_s`, then writes them all in
-    one INSERT. Rows it has read are out of Redis's hands (a Redis that restarts empty does not
+    It lands rows in batches: once a row arrives it keeps reading rows as they come for up to
+    `linger_s`, then writes them all in one INSERT. Rows it has read are out of Redis's hands (a Redis that restarts empty does not
     lose them), and unacknowledged until they are in Postgres (a drainer that dies leaves them
     pending, for another to take over). It looks for pending rows (its own after a failure,
     those of a drainer that died) only every `recheck_s`.
@@ -368,28 +368,3 @@ class CompletionDrainer(threading.Thread):
 
     def stop(self) -> None:
         self.stopping.set()
-
-
-_drainer: CompletionDrainer | None = None
-
-
-def start_drainer() -> CompletionDrainer:
-    global _drainer
-    if _drainer is None:
-        from admission.connections import sync_client
-
-        # The stream lives on the admission Redis (a cluster node, when that is a cluster).
-        client = sync_client(decode_responses=True, socket_connect_timeout=2)
-        _drainer = CompletionDrainer(client)
-        _drainer.start()
-    return _drainer
-
-
-def stop_drainer(timeout_s: float = 5.0) -> None:
-    """Let this process's drainer land and acknowledge what it has read, then stop it: rows a
-    drainer read but never acknowledged wait CLAIM_IDLE_MS for another one to take them."""
-    global _drainer
-    drainer, _drainer = _drainer, None
-    if drainer is not None:
-        drainer.stop()
-        drainer.join(timeout_s)

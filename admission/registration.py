@@ -1,4 +1,7 @@
-"""Worker lifecycle on the server: registration, heartbeats, deregistration."""
+"""Worker lifecycle on the server: registration, heartbeats, deregistration.
+
+Postgres keeps what a worker offers; Redis (admission/queue.py) keeps its live incarnation.
+"""
 
 from __future__ import annotations
 

@@ -24,11 +24,10 @@ from sluice_protocol import (
     validate_result,
 )
 
-from admission import deadlines, shutdown
+from admission import deadlines, refusals, shutdown
 from admission.completion import CompletionDraft
 from admission.connections import async_broker
 from admission.dbthread import in_db_thread
-from admission.errors import ApiError
 from admission.models import Quarantine
 from admission.policy import Policy, acurrent_policy
 from admission.queue import AsyncQueue, Grant
@@ -70,40 +69,27 @@ class Call:
         return str(self.request["operation"])
 
 
-def _offline(worker_id: str) -> ApiError:
-    return ApiError(
-        503, "WORKER_OFFLINE", f"Worker {worker_id} is offline; the operation was not started."
-    )
-
-
-def _mismatch(message: str) -> ApiError:
-    return ApiError(409, "WORKER_MISMATCH", f"{message}; the operation was not started.")
-
-
 def check_target(call: Call, target: Target | None) -> Target:
     """Refusals before queueing: 404 for missing and foreign workers alike, then the offer."""
     if target is None:
-        raise ApiError(404, "WORKER_NOT_FOUND", f"Worker {call.worker_id} was not found.")
+        raise refusals.worker_not_found(call.worker_id)
     workspace = call.request["workspaceId"]
     if not target.workspace_registered:
-        raise _mismatch(f"Workspace {workspace} is not registered on worker {call.worker_id}")
+        raise refusals.worker_mismatch(
+            f"Workspace {workspace} is not registered on worker {call.worker_id}"
+        )
     if call.operation not in target.operations:
-        raise _mismatch(
+        raise refusals.worker_mismatch(
             f"Worker {call.worker_id} does not offer {call.operation} on workspace {workspace}"
         )
     if call.request.get("worktree") and not target.linked_worktree_lanes:
-        raise _mismatch(
+        raise refusals.worker_mismatch(
             f"Worker {call.worker_id} does not offer linked-worktree lanes on workspace {workspace}"
         )
     if target.quarantined:
-        raise ApiError(
-            409,
-            "WORKSPACE_QUARANTINED",
-            "This workspace is quarantined after a mutation with an unknown outcome; an operator must "
-            "release it in the admin. The operation was not started.",
-        )
+        raise refusals.quarantined()
     if not target.incarnation_id:
-        raise _offline(call.worker_id)
+        raise refusals.worker_offline(call.worker_id)
     return target
 
 
@@ -120,11 +106,8 @@ async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter) -> None:
     )
     call.response_headers.update(decision.headers(policy.rate))
     if not decision.allowed:
-        call.draft.admission_outcome = "rate_limited"
-        raise ApiError(
-            429,
-            "RATE_LIMITED",
-            str(decision.body()["message"]),
+        raise refusals.rate_limited(
+            message=str(decision.body()["message"]),
             headers=decision.headers(policy.rate),
             body=decision.body(),
         )
@@ -150,7 +133,7 @@ async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadlin
             if message is not None:
                 return _granted_or_raise(call, message)
             if deadline - time.monotonic() > PRUNED_EARLY_S:
-                raise _offline(call.worker_id)
+                raise refusals.worker_offline(call.worker_id)
             break
     status, grant = await queue.leave(
         worker_id=call.worker_id, entry_id=call.entry_id, slot_ceiling=policy.max_lease_slots
@@ -163,14 +146,7 @@ async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadlin
         message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
         if message is not None:
             return _granted_or_raise(call, message)
-    call.draft.admission_outcome = "queue_timeout"
-    raise ApiError(
-        503,
-        "WORKSPACE_QUEUE_TIMEOUT",
-        "The worker's queue did not admit the call within its queue budget; the operation was not started. "
-        "Retry after the hinted wait, or use an independent workspace.",
-        headers={"Retry-After": str(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)},
-    )
+    raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
 
 
 def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
@@ -184,15 +160,12 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
             exec_deadline_ms=int(message["dl"]),
         )
     if kind == "cancelled":
-        call.draft.admission_outcome = "cancelled"
         call.draft.outcome = "cancelled"
-        raise ApiError(
-            409, "REQUEST_CANCELLED", "The call was cancelled while it waited; it was not started."
-        )
+        raise refusals.request_cancelled()
     if kind == shutdown.MESSAGE["t"]:
         call.draft.admission_outcome = "cancelled"
-        raise shutdown.refusal()
-    raise _offline(call.worker_id)
+        raise refusals.shutting_down()
+    raise refusals.worker_offline(call.worker_id)
 
 
 async def _wait_for_result(
@@ -212,28 +185,19 @@ async def _wait_for_result(
         # Settled (or cleared) between the timeout and the release: take what was pushed.
         message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
     if message is None or message.get("t") == "vanished":
-        raise ApiError(
-            504,
-            "ASSIGNMENT_EXPIRED",
-            "The worker did not answer before the call's execution deadline; the operation may or may not have "
-            "run. Check the workspace before resending.",
-        )
+        raise refusals.assignment_expired()
     if message.get("t") == "offline":
         # Deregistered after draining: whatever it had not taken it will never run.
-        raise _offline(call.worker_id)
+        raise refusals.worker_offline(call.worker_id)
     return message
 
 
-def _result_invalid(call: Call, what: str, exc: ProtocolError) -> ApiError:
+def _result_invalid(call: Call, what: str, exc: ProtocolError) -> refusals.Refusal:
     # The reason is logged, never echoed: a hostile worker must not speak to the client.
     log.warning(
         f"worker {what} refused", extra={"worker_id": call.worker_id, "reason": exc.message}
     )
-    return ApiError(
-        502,
-        "RESULT_INVALID",
-        f"The worker's {what} broke the protocol and was not forwarded; the operation may have run.",
-    )
+    return refusals.result_invalid(what)
 
 
 async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, Any]:
@@ -252,12 +216,12 @@ async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, A
         assert isinstance(result, dict)
         return result
     try:
-        status, code, text = validate_error_result(message.get("error"))
+        _status, code, text = validate_error_result(message.get("error"))
     except ProtocolError as exc:
         raise _result_invalid(call, "error answer", exc) from None
     if message.get("quarantine") is True and call.operation in MUTATING_OPERATIONS:
         await in_db_thread(quarantine_key, call=call, reason=text)
-    raise ApiError(status, code, text)
+    raise refusals.worker_refused(code, text)
 
 
 def quarantine_key(*, call: Call, reason: str) -> None:
@@ -296,7 +260,7 @@ def _key(call: Call) -> bytes:
 
 
 async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -> dict[str, Any]:
-    """Admit, dispatch and await one call. Raises ApiError for every answer but a 200 result."""
+    """Admit, dispatch and await one call. Raises a Refusal for every answer but a result."""
     draft = call.draft
     base, _lane = isolation_key(call.request)
     draft.isolation_key_hash = isolation_key_hash(call.worker_id, call.request)
@@ -315,7 +279,7 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
         if call.request.get("workspaceInstanceId") and not await queue.bind_instance(
             worker_id=call.worker_id, base=base, scope=call.caller.scope
         ):
-            raise _mismatch("This workspaceInstanceId belongs to another principal")
+            raise refusals.worker_mismatch("This workspaceInstanceId belongs to another principal")
         if call.request_id:
             claimed = await queue.claim_request_id(
                 scope=call.caller.scope,
@@ -325,26 +289,21 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
                 ttl_ms=queue_ms + exec_ms + 60_000,
             )
             if not claimed:
-                raise ApiError(
-                    400,
-                    "INVALID_REQUEST_ID",
-                    "This request id already names another call; it was not started.",
-                )
+                raise refusals.request_id_taken()
             call.request_id_claimed = True
         return await _admitted_call(call, queue, policy, target, queue_ms, exec_ms, queue_deadline)
+    except refusals.Refusal as refusal:
+        # The one place a refusal decides what the completion row says of admission.
+        if refusal.admission_outcome is not None:
+            draft.admission_outcome = refusal.admission_outcome
+        raise
     except RedisError:
         log.warning("admission Redis unavailable", exc_info=True)
         if draft.admission_outcome == "admitted":
-            raise ApiError(
-                504,
-                "ASSIGNMENT_EXPIRED",
-                "Lost track of the call after it was admitted; it may or may not have run.",
+            raise refusals.assignment_expired(
+                "Lost track of the call after it was admitted; it may or may not have run."
             ) from None
-        raise ApiError(
-            503,
-            "ADMISSION_UNAVAILABLE",
-            "Admission is unavailable right now; the operation was not started.",
-        ) from None
+        raise refusals.admission_unavailable() from None
     finally:
         # Only the call that bound the id marks it finished; a refused duplicate must not.
         # A call that was never dispatched frees its id, so a client may resend it under the
@@ -381,15 +340,9 @@ async def _admitted_call(
         operation=call.operation,
     )
     if entered.status == "full":
-        draft.admission_outcome = "queue_full"
-        raise ApiError(
-            429,
-            "WORKER_QUEUE_FULL",
-            f"Worker {call.worker_id} already holds {entered.held} calls; the operation was not started. "
-            "Slow down or use another worker.",
-        )
+        raise refusals.queue_full(call.worker_id, entered.held)
     if entered.status == "offline":
-        raise _offline(call.worker_id)
+        raise refusals.worker_offline(call.worker_id)
     draft.fencing_ticket = entered.ticket
     waited = entered.grant is None
     try:
@@ -428,12 +381,12 @@ async def _admitted_call(
                 key_hash=draft.isolation_key_hash,
             )
             if fresh is None or fresh.incarnation_id != incarnation:
-                raise _offline(call.worker_id)
+                raise refusals.worker_offline(call.worker_id)
             check_target(call, fresh)
         elif target.incarnation_id != incarnation:
             # Granted at entry: the offer was read just before entering, so it only needs to
             # belong to the incarnation that granted (a re-registration in between does not).
-            raise _offline(call.worker_id)
+            raise refusals.worker_offline(call.worker_id)
     except BaseException:
         await asyncio.shield(
             queue.release(

@@ -24,8 +24,6 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from admission.errors import ApiError
-
 log = logging.getLogger("sluice.admission")
 
 MESSAGE = {"t": "shutdown"}
@@ -37,15 +35,6 @@ _waiting: set[tuple[str, str]] = set()
 
 def stopping() -> bool:
     return bool(_state["stopping"])
-
-
-def refusal() -> ApiError:
-    return ApiError(
-        503,
-        "SERVICE_SHUTTING_DOWN",
-        "This API process is shutting down; the operation was not started. Send it again.",
-        headers={"Retry-After": "1"},
-    )
 
 
 @contextlib.contextmanager

@@ -11,15 +11,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from sluice_protocol import OPERATIONS
 
-from admission.errors import ApiError
-from workspaces.auth import WorkerTokenAuthentication
-from workspaces.runtime.config import MAX_SLOTS, WORKSPACE_ID
-from workspaces.services import (
+from admission.refusals import Refusal
+from admission.registration import (
     OfferedWorkspace,
     worker_deregister,
     worker_heartbeat,
     worker_register,
 )
+from api.authentication import WorkerTokenAuthentication
+from workspaces.runtime.config import MAX_SLOTS, WORKSPACE_ID
 
 
 class StrictSerializer(serializers.Serializer):
@@ -98,7 +98,7 @@ class IncarnationSerializer(StrictSerializer):
 def _own_worker(request: Request, worker_id: str) -> Any:
     worker = request.user.worker  # type: ignore[union-attr]
     if worker_id != worker.worker_id:
-        raise ApiError(403, "FORBIDDEN", "This worker token belongs to another worker.")
+        raise Refusal("FORBIDDEN", "This worker token belongs to another worker.")
     return worker
 
 
@@ -130,13 +130,9 @@ class WorkerHeartbeatApi(_WorkerApi):
         worker = _own_worker(request, data.validated_data["workerId"])
         state = worker_heartbeat(worker=worker, incarnation=data.validated_data["incarnationId"])
         if state == "replaced":
-            raise ApiError(
-                409, "WORKER_SUPERSEDED", "Another incarnation of this worker registered."
-            )
+            raise Refusal("WORKER_SUPERSEDED", "Another incarnation of this worker registered.")
         if state == "lost":
-            raise ApiError(
-                410, "WORKER_REGISTRATION_LOST", "This registration is gone; register again."
-            )
+            raise Refusal("WORKER_REGISTRATION_LOST", "This registration is gone; register again.")
         return Response({"ok": True})
 
 

@@ -1,21 +1,31 @@
-"""The workspace endpoint (async: a waiting call costs a coroutine, not a thread) and cancel."""
+"""The workspace endpoint and cancel (async: a waiting call costs a coroutine, not a thread).
+
+`WorkspaceToolsExecuteApi` validates, authenticates (one query for the key, the worker and its
+offer), and hands the call to `admission.services.call_execute`; every way the call can end is
+an `admission.refusals.Refusal` that `api/errors.py` turns into its answer. Each POST leaves
+exactly one completion row, written after its response has gone out.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, InterfaceError
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.urls import Resolver404, resolve
-from django.views.decorators.csrf import csrf_exempt
+from django.http import HttpRequest
 from redis.exceptions import RedisError
+from rest_framework import exceptions
+from rest_framework.parsers import JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
 from sluice_protocol import (
     OPERATIONS,
     ProtocolError,
@@ -25,18 +35,28 @@ from sluice_protocol import (
     validate_worker_id,
 )
 
-from admission import shutdown
+from admission import refusals, shutdown
 from admission.completion import CompletionDraft, completion_emit
 from admission.connections import async_queue
 from admission.dbthread import in_db_thread
-from admission.errors import ApiError, unauthenticated
 from admission.policy import acurrent_policy
 from admission.queue import AsyncQueue
 from admission.ratelimit import RateLimiter
-from admission.selectors import call_resolve
+from admission.refusals import Refusal
+from admission.selectors import Resolved, call_resolve
 from admission.services import Call, call_execute, isolation_key_hash
-from workspaces.access import Caller, caller_for_api_key
-from workspaces.auth import bearer_token
+from api.authentication import ApiUser, AsyncApiKeyAuthentication
+from api.base import AsyncApiView
+from api.errors import (
+    as_refusal,
+    invalid,
+    method_not_allowed,
+    refusal_body,
+    refusal_headers,
+    status_of,
+    unauthenticated,
+)
+from workspaces.access import Caller
 
 log = logging.getLogger("sluice.admission")
 
@@ -47,29 +67,30 @@ _background: set[asyncio.Task[Any]] = set()
 # On a refusal, the body is looked at for the row's workspace and operation only up to this size.
 _FILL_BODY_MAX_BYTES = 64 * 1024
 _WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # the contract's workspaceId
+_PARSER = JSONParser()
 
 
-async def authenticate(request: HttpRequest) -> Caller:
-    token = bearer_token(request.headers.get("Authorization"))
-    caller = await in_db_thread(caller_for_api_key, raw_key=token) if token else None
-    if caller is None:
-        raise unauthenticated()
-    return caller
+class CompletionResponse(Response):
+    """A response that writes its call's completion row once the server has sent and closed
+    it, so the row's round trip to Redis never holds the answer up."""
+
+    emission: _Emission | None = None
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.emission is not None:
+                loop = self.emission.loop
+                loop.call_soon_threadsafe(self.emission)
 
 
-def _json_body(request: HttpRequest) -> Any:
-    content_type = request.content_type or ""
-    if content_type != "application/json":
-        raise ApiError(415, "UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
-    try:
-        raw = request.body
-    except RequestDataTooBig:
-        raise ApiError(413, "REQUEST_TOO_LARGE", "The request body is too large.") from None
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        # RecursionError: JSON nested past Python's limit is not a request either.
-        raise ApiError(400, "INVALID_REQUEST", "The body is not valid JSON.") from None
+@dataclass
+class Parsed:
+    body: dict[str, Any]
+    worker_id: str | None
+    queue_wait_ms: int
+    request_id: str | None
 
 
 def _declared_too_large(request: HttpRequest) -> bool:
@@ -81,10 +102,8 @@ def _declared_too_large(request: HttpRequest) -> bool:
         return False
 
 
-def _parse(
-    request: HttpRequest, draft: CompletionDraft
-) -> tuple[dict[str, Any], str | None, int, str | None]:
-    """Headers and body, validated before anything is queued."""
+def _parse(request: Request, draft: CompletionDraft) -> Parsed:
+    """Headers and body, validated before anything is queued (DRF's JSON parser reads it)."""
     try:
         raw_worker = request.headers.get("X-LibreChat-Code-Worker-ID")
         worker_id = validate_worker_id(raw_worker) if raw_worker is not None else None
@@ -96,11 +115,29 @@ def _parse(
         draft.request_id = request_id or ""
         body = validate_request(_json_body(request))
     except ProtocolError as exc:
-        raise ApiError(400, exc.code, exc.message) from None
+        raise invalid(exc.code, exc.message) from None
     draft.operation = str(body["operation"])
     draft.workspace_id = str(body["workspaceId"])
     draft.worktree = str(body.get("worktree") or "")
-    return body, worker_id, queue_wait_ms, request_id
+    return Parsed(body, worker_id, queue_wait_ms, request_id)
+
+
+def _json_body(request: Request) -> Any:
+    if request.content_type.split(";")[0].strip() != "application/json":
+        raise Refusal("UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
+    try:
+        # Django enforces DATA_UPLOAD_MAX_MEMORY_SIZE here, for a chunked body too (DRF's own
+        # stream would take a body without Content-Length for an empty one).
+        raw = request._request.body
+    except RequestDataTooBig:
+        raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.") from None
+    try:
+        if not raw:
+            raise exceptions.ParseError()
+        return _PARSER.parse(io.BytesIO(raw), "application/json", {"encoding": "utf-8"})
+    except (exceptions.ParseError, RecursionError):
+        # RecursionError: JSON nested past Python's limit is not a request either.
+        raise invalid("INVALID_REQUEST", "The body is not valid JSON.") from None
 
 
 def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
@@ -138,48 +175,121 @@ def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
             draft.worktree = validate_worker_id(worktree) if isinstance(worktree, str) else ""
 
 
-def _database_unavailable(draft: CompletionDraft) -> ApiError:
-    # Postgres is away (authentication, worker lookups, the policy row): a typed, retryable
-    # answer instead of Django's HTML 500. The row still reaches the Redis stream and lands
-    # once Postgres is back. Only a call that was never dispatched may say "not started".
-    log.warning("database unavailable on the execute path", exc_info=True)
-    started = (
-        "the operation was not started" if draft.exec_ms is None else "the operation may have run"
-    )
-    return ApiError(
-        503,
-        "DATABASE_UNAVAILABLE",
-        f"The service's database is unavailable; {started}.",
-        headers={"Retry-After": "5"},
-    )
+class WorkspaceToolsExecuteApi(AsyncApiView):
+    """`POST /v1/workspace-tools/execute` (contract §2)."""
 
+    authentication_classes = [AsyncApiKeyAuthentication]
 
-def _with_budget_headers(response: HttpResponse, call: Call | None) -> HttpResponse:
-    """A call that passed the rate limit carries its budget headers whatever its answer."""
-    for name, value in (call.response_headers if call is not None else {}).items():
-        response.setdefault(name, value)
-    return response
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.draft = CompletionDraft()
+        self.queue = async_queue()
+        self.parsed: Parsed | None = None
+        # Validation runs first but speaks only after authentication: an unauthenticated
+        # caller learns nothing about its request.
+        self.invalid: Refusal | None = None
+        self.resolved: Resolved | None = None
+        self.call: Call | None = None
 
+    async def prepare(self, request: Request) -> None:
+        if request.method != "POST":
+            raise method_not_allowed("POST")
+        if shutdown.stopping():
+            raise refusals.shutting_down()
+        if _declared_too_large(request._request):
+            raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.")
+        try:
+            self.parsed = _parse(request, self.draft)
+        except Refusal as refusal:
+            self.invalid = refusal
 
-@csrf_exempt
-async def execute(request: HttpRequest) -> HttpResponse:
-    draft = CompletionDraft()
-    queue = async_queue()
-    loop = asyncio.get_running_loop()
-    try:
-        response = await _answer(request, draft, queue)
-    except BaseException:
-        # Cancelled: the client went away. The row says so (`_answer` filled it in).
-        _emit(draft, queue)
-        raise
-    # The row is written once the handler has sent the response and closes it, so its round
-    # trip to Redis does not hold the answer up. A response that is never closed (its client
-    # went away at the last moment, after the view returned) still gets its row, later.
-    emit = _Emission(draft, queue)
-    closers = response._resource_closers  # type: ignore[attr-defined]
-    closers.append(lambda: loop.call_soon_threadsafe(emit))
-    loop.call_later(EMIT_FALLBACK_S, emit)
-    return response
+    async def lookup_caller(self, token: str | None) -> Caller | None:
+        """The key, the worker (named or the tenant's default) and its offer in one query."""
+        parsed = self.parsed
+
+        def key_hash(worker_id: str) -> str:
+            return isolation_key_hash(worker_id, parsed.body) if parsed else ""
+
+        self.resolved = await in_db_thread(
+            call_resolve,
+            token=token,
+            worker_id=parsed.worker_id if parsed else None,
+            request=parsed.body if parsed else None,
+            key_hash=key_hash,
+        )
+        return self.resolved.caller
+
+    async def post(self, request: Request) -> Response:
+        user = request.user
+        assert isinstance(user, ApiUser) and self.resolved is not None
+        caller = user.caller
+        self.draft.tenant_hash, self.draft.principal_hash = (
+            caller.tenant_hash,
+            caller.principal_hash,
+        )
+        if self.invalid is not None or self.parsed is None:
+            raise self.invalid or unauthenticated()
+        if self.resolved.worker_id is None:
+            raise refusals.no_worker_selected()
+        self.draft.worker_id = self.resolved.worker_id
+        self.call = Call(
+            caller=caller,
+            request=self.parsed.body,
+            worker_id=self.resolved.worker_id,
+            queue_wait_header_ms=self.parsed.queue_wait_ms,
+            request_id=self.parsed.request_id,
+            draft=self.draft,
+            target=self.resolved.target,
+        )
+        result = await call_execute(
+            self.call,
+            queue=self.queue,
+            limiter=RateLimiter(self.queue.client, prefix=self.queue.prefix),
+        )
+        self.draft.finish(200)
+        return self._answer(result, 200, {})
+
+    def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, DatabaseError | InterfaceError):
+            # Postgres is away (authentication, worker lookups, the policy row). The row still
+            # reaches the Redis stream and lands once Postgres is back.
+            log.warning("database unavailable on the execute path", exc_info=True)
+            refusal: Refusal | None = refusals.database_unavailable(
+                started=False if self.draft.exec_ms is None else None
+            )
+        else:
+            refusal = as_refusal(exc)
+        if refusal is None:
+            # Anything unforeseen still gets a typed answer and its completion row.
+            log.exception("unexpected error on the execute path")
+            refusal = Refusal(
+                "INTERNAL_ERROR",
+                "Internal error; the operation may or may not have run.",
+                started=None,
+            )
+        _fill_known(self.request._request, self.draft)
+        status = status_of(refusal)
+        self.draft.finish(status, refusal.code)
+        return self._answer(refusal_body(refusal), status, refusal_headers(refusal))
+
+    def _answer(self, data: Any, status: int, headers: dict[str, str]) -> Response:
+        # A call that passed the rate limit carries its budget headers whatever its answer.
+        budget = self.call.response_headers if self.call is not None else {}
+        response = CompletionResponse(data, status=status, headers={**budget, **headers})
+        emission = _Emission(self.draft, self.queue)
+        response.emission = emission
+        emission.loop.call_later(EMIT_FALLBACK_S, emission)
+        return response
+
+    async def async_dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().async_dispatch(request, *args, **kwargs)
+        except asyncio.CancelledError:
+            # The client went away; the row says so.
+            self.draft.outcome = "disconnected"
+            self.draft.finish(499, "CLIENT_DISCONNECTED")
+            _emit(self.draft, self.queue)
+            raise
 
 
 class _Emission:
@@ -187,6 +297,7 @@ class _Emission:
 
     def __init__(self, draft: CompletionDraft, queue: AsyncQueue) -> None:
         self.draft, self.queue = draft, queue
+        self.loop = asyncio.get_running_loop()
         _pending.add(self)
 
     def __call__(self) -> None:
@@ -197,11 +308,7 @@ class _Emission:
 
 def execute_abandoned(request: HttpRequest) -> None:
     """A POST whose client went away before its body was even read still gets its row."""
-    try:
-        is_execute = resolve(request.path_info).func is execute
-    except Resolver404:
-        return
-    if request.method != "POST" or not is_execute:
+    if request.method != "POST" or request.path_info != "/v1/workspace-tools/execute":
         return
     draft = CompletionDraft()
     draft.outcome = "disconnected"
@@ -225,119 +332,30 @@ def _emit(draft: CompletionDraft, queue: AsyncQueue) -> None:
     task.add_done_callback(_background.discard)
 
 
-async def _answer(request: HttpRequest, draft: CompletionDraft, queue: AsyncQueue) -> HttpResponse:
-    call: Call | None = None
-    try:
-        if request.method != "POST":
-            raise ApiError(405, "METHOD_NOT_ALLOWED", "Use POST.", headers={"Allow": "POST"})
-        if shutdown.stopping():
-            raise shutdown.refusal()
-        if _declared_too_large(request):
-            raise ApiError(413, "REQUEST_TOO_LARGE", "The request body is too large.")
-        # Validation runs first but speaks only after authentication: an unauthenticated
-        # caller learns nothing about its request.
-        invalid: ApiError | None = None
-        parsed: tuple[dict[str, Any], str | None, int, str | None] | None = None
-        try:
-            parsed = _parse(request, draft)
-        except ApiError as exc:
-            invalid = exc
-        resolved = await in_db_thread(
-            call_resolve,
-            token=bearer_token(request.headers.get("Authorization")),
-            worker_id=parsed[1] if parsed else None,
-            request=parsed[0] if parsed else None,
-            key_hash=lambda worker_id: isolation_key_hash(worker_id, parsed[0]) if parsed else "",
-        )
-        if resolved.caller is None:
-            raise unauthenticated()
-        caller = resolved.caller
-        draft.tenant_hash, draft.principal_hash = caller.tenant_hash, caller.principal_hash
-        if invalid is not None or parsed is None:
-            raise invalid or unauthenticated()
-        body, _, queue_wait_ms, request_id = parsed
-        if resolved.worker_id is None:
-            raise ApiError(
-                503,
-                "NO_WORKER_SELECTED",
-                "No worker was named and the tenant has no default worker; not started.",
-            )
-        draft.worker_id = resolved.worker_id
-        call = Call(
-            caller=caller,
-            request=body,
-            worker_id=resolved.worker_id,
-            queue_wait_header_ms=queue_wait_ms,
-            request_id=request_id,
-            draft=draft,
-            target=resolved.target,
-        )
-        result = await call_execute(
-            call, queue=queue, limiter=RateLimiter(queue.client, prefix=queue.prefix)
-        )
-        response: HttpResponse = JsonResponse(result)
-        for name, value in call.response_headers.items():
-            response[name] = value
-        draft.finish(200)
-        return response
-    except ApiError as exc:
-        _fill_known(request, draft)
-        draft.finish(exc.status, exc.code)
-        return _with_budget_headers(exc.response(), call)
-    except (DatabaseError, InterfaceError):
-        _fill_known(request, draft)
-        error = _database_unavailable(draft)
-        draft.finish(error.status, error.code)
-        return _with_budget_headers(error.response(), call)
-    except Exception:
-        # Anything unforeseen still gets a typed answer and its completion row.
-        log.exception("unexpected error on the execute path")
-        _fill_known(request, draft)
-        draft.finish(500, "INTERNAL_ERROR")
-        return _with_budget_headers(
-            JsonResponse(
-                {
-                    "error": "Internal error; the operation may or may not have run.",
-                    "code": "INTERNAL_ERROR",
-                },
-                status=500,
-            ),
-            call,
-        )
-    except asyncio.CancelledError:
-        draft.outcome = "disconnected"
-        draft.finish(499, "CLIENT_DISCONNECTED")
-        raise
+class WorkspaceToolsRequestCancelApi(AsyncApiView):
+    """`DELETE /v1/workspace-tools/requests/<id>` (contract §2.6): same principal only."""
 
+    authentication_classes = [AsyncApiKeyAuthentication]
 
-@csrf_exempt
-async def request_cancel(request: HttpRequest, request_id: str) -> HttpResponse:
-    try:
+    async def prepare(self, request: Request) -> None:
         if request.method != "DELETE":
-            raise ApiError(405, "METHOD_NOT_ALLOWED", "Use DELETE.", headers={"Allow": "DELETE"})
-        caller = await authenticate(request)
+            raise method_not_allowed("DELETE")
+
+    async def delete(self, request: Request, request_id: str) -> Response:
+        user = request.user
+        assert isinstance(user, ApiUser)
+        not_found = Refusal("REQUEST_NOT_FOUND", "No such request.")
         try:
             validate_request_id(request_id)
         except ProtocolError:
-            raise ApiError(404, "REQUEST_NOT_FOUND", "No such request.") from None
+            raise not_found from None
         policy = await acurrent_policy()
         try:
             state = await async_queue().cancel(
-                scope=caller.scope, request_id=request_id, slot_ceiling=policy.max_lease_slots
+                scope=user.caller.scope, request_id=request_id, slot_ceiling=policy.max_lease_slots
             )
         except RedisError:
-            raise ApiError(
-                503, "ADMISSION_UNAVAILABLE", "Admission is unavailable right now."
-            ) from None
+            raise refusals.admission_unavailable() from None
         if state is None:
-            raise ApiError(404, "REQUEST_NOT_FOUND", "No such request.")
-        return JsonResponse({"state": state})
-    except ApiError as exc:
-        return exc.response()
-    except (DatabaseError, InterfaceError):
-        return ApiError(
-            503,
-            "DATABASE_UNAVAILABLE",
-            "The service's database is unavailable; nothing was cancelled.",
-            headers={"Retry-After": "5"},
-        ).response()
+            raise not_found
+        return Response({"state": state})

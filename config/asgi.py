@@ -52,13 +52,11 @@ class SluiceAsgiHandler(ASGIHandler):
                 shutdown.install(asyncio.get_running_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                from admission.completion import stop_drainer
-                from admission.views import emissions_flush
+                from api.workspace_tools import emissions_flush
 
-                # The last answers' completion rows are still on their way to Redis; then
-                # the drainer lands what it has read instead of leaving it pending.
+                # The last answers' completion rows are still on their way to Redis (the
+                # drainer process lands them in Postgres).
                 await emissions_flush()
-                await asyncio.get_running_loop().run_in_executor(None, stop_drainer)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -67,7 +65,7 @@ class SluiceAsgiHandler(ASGIHandler):
             body_file = await self.read_body(receive)
         except RequestAborted:
             # Gone before its body was read; a POST to execute still leaves its row.
-            from admission.views import execute_abandoned
+            from api.workspace_tools import execute_abandoned
 
             request, _ = self.create_request(scope, io.BytesIO())
             if request is not None:
@@ -104,9 +102,3 @@ class SluiceAsgiHandler(ASGIHandler):
 
 django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application() does
 application = SluiceAsgiHandler()
-
-# Every API process drains the completion-row buffer into Postgres (admission/completion.py).
-if os.environ.get("SLUICE_COMPLETION_DRAINER", "1") != "0":
-    from admission.completion import start_drainer
-
-    start_drainer()

@@ -48,6 +48,10 @@ class WorkspaceApiFastPath:
         except Resolver404:
             return await self.get_response(request)
         response: HttpResponse = await match.func(request, *match.args, **match.kwargs)
+        # What Django's handler does for a deferred (DRF) response after the view returns.
+        render = getattr(response, "render", None)
+        if callable(render):
+            response = render()
         for name, value in API_HEADERS.items():
             response.setdefault(name, value)
         return response

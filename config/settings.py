@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "workspaces",
     "admission",
     "dashboard",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -135,11 +136,11 @@ WORKER_OFFLINE_AFTER_S = 30
 WORKER_HEARTBEAT_S = 5
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["workspaces.auth.ApiKeyAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["api.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "EXCEPTION_HANDLER": "admission.errors.exception_handler",
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 

@@ -7,11 +7,13 @@ free loopback port, nothing kept on disk) and hands their URLs to every process 
 settings.py would otherwise fall back to the shared local services.
 
 Then: migrate, collectstatic, `bootstrap --json`, an `admin` superuser, demo git checkouts
-under var/demo/, the API (uvicorn) and a worker (`runworker`). It waits until both are up,
+under var/demo/, the completion drainer (`drain_completions`), the API (uvicorn) and a worker
+(`runworker`). It waits until the API and the worker are up,
 makes the demo call once, and prints the admin URL, its password and that call as a curl.
 
 SIGINT (Ctrl-C) or SIGTERM stops everything it started, in order: the worker first (it drains
-and deregisters while the API can still answer it), then the API, then the embedded servers.
+and deregisters while the API can still answer it), then the API, the drainer, then the
+embedded servers.
 """
 
 from __future__ import annotations
@@ -196,12 +198,15 @@ def run(stack: contextlib.ExitStack, host: str, port: int) -> int:
         extra_env={"SLUICE_DEV_ADMIN_PASSWORD": password},
     )
     workspaces = demo_workspaces()
+    say("starting the completion drainer")
+    drainer = Child("drainer", [PY, "manage.py", "drain_completions"], env)
+    stack.callback(drainer.stop, 10)
     api, base = start_api(stack, env, host, port)
     worker = start_worker(stack, env, base, account["worker_token"], workspaces)
     check_call(base, account["api_key"])
     banner(base, password, account["api_key"])
     while True:
-        for child in (api, worker):
+        for child in (api, worker, drainer):
             if not child.alive():
                 say(f"{child.name} exited with status {child.proc.returncode}; stopping everything")
                 return 1
@@ -218,7 +223,7 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
     try:
-        # The stack stops what was started in reverse: worker, API, Redis, Postgres.
+        # The stack stops what was started in reverse: worker, API, drainer, Redis, Postgres.
         with contextlib.ExitStack() as stack:
             try:
                 return run(stack, host, port)

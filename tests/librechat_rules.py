@@ -65,7 +65,11 @@ def read_result_problem(request: Mapping[str, Any], result: Mapping[str, Any]) -
         return "content over 1 MiB of UTF-8"
     if result.get("startLine") != start:
         return "startLine"
-    if not _int(end) or not start - 1 <= end < start + max_lines:
+    if (
+        not isinstance(end, int)
+        or isinstance(end, bool)
+        or not start - 1 <= end < start + max_lines
+    ):
         return "endLine outside the window"
     reported = end - start + 1
     actual = reported if content == "" else len(content.split("\n"))

@@ -1,4 +1,5 @@
-"""Real processes for end-to-end tests: uvicorn API servers and `runworker` workers.
+"""Real processes for end-to-end tests: uvicorn API servers, their completion drainers and
+`runworker` workers.
 
 Nothing here stands in for a part of Sluice: the API is the ASGI app under uvicorn, the
 worker is `manage.py runworker` consuming its Celery queue from the real Redis.
@@ -6,6 +7,7 @@ worker is `manage.py runworker` consuming its Celery queue from the real Redis.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
@@ -128,7 +130,37 @@ class ApiServer:
         return httpx.Client(base_url=self.url, timeout=httpx.Timeout(400.0, connect=5.0), **kwargs)
 
 
-def start_api(env: dict[str, str]) -> ApiServer:
+# One completion drainer (`manage.py drain_completions`) per database and Redis namespace that
+# an API of this session writes to, as a deployment runs one beside its API processes. They
+# live for the session: an API killed by a test leaves its rows to them, as in production.
+_drainers: dict[tuple[str, str, str], Process] = {}
+
+
+def ensure_drainer(env: dict[str, str]) -> Process:
+    key = (
+        env.get("DATABASE_URL", ""),
+        env.get("ADMISSION_REDIS_URL") or env.get("REDIS_URL", ""),
+        env.get("SLUICE_REDIS_PREFIX", ""),
+    )
+    drainer = _drainers.get(key)
+    if drainer is None or not drainer.alive():
+        drainer = Process([PYTHON, "manage.py", "drain_completions"], env, "drainer")
+        drainer.wait_for("completion drainer")
+        _drainers[key] = drainer
+    return drainer
+
+
+@atexit.register
+def _stop_drainers() -> None:
+    for drainer in _drainers.values():
+        drainer.stop(timeout_s=5)
+    _drainers.clear()
+
+
+def start_api(env: dict[str, str], *, drainer: bool = True) -> ApiServer:
+    """A uvicorn API process, and (unless `drainer=False`) the drainer its rows need."""
+    if drainer:
+        ensure_drainer(env)
     port = free_port()
     proc = Process(
         [

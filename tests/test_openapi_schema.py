@@ -28,7 +28,7 @@ from django.test import Client
 from livesupport import ApiServer, base_env, start_api
 from schemathesis.specs.openapi.definitions import OPENAPI_31_VALIDATOR
 
-from config.schema import EXECUTE_PATH, PATTERNS, openapi_document
+from api.schema import EXECUTE_PATH, PATTERNS, openapi_document
 from fuzz import oracle, probes, sandbox
 
 API_DOC = Path(settings.BASE_DIR) / "docs" / "api.md"

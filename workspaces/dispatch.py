@@ -34,8 +34,11 @@ def broker_queue_key(queue: str) -> str:
 
 def assignment_message(assignment: dict[str, Any], *, expires: datetime) -> tuple[str, str]:
     """(queue list key, message) carrying one assignment to its worker's run_assignment task."""
-    from config.celery import app
     from workspaces.tasks import run_assignment
+
+    # The project's Celery app (config/celery.py), found the way shared tasks find it, so this
+    # module needs nothing above it.
+    app = run_assignment.app
 
     queue = worker_queue_name(str(assignment["workerId"]))
     task_id = str(uuid.uuid4())

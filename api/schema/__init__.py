@@ -16,8 +16,8 @@ which also checks each bound against `validate_request`).
 
 from __future__ import annotations
 
-from config.schema.docs import schema_docs_view, schema_view
-from config.schema.document import EXECUTE_PATH, openapi_document
-from config.schema.patterns import PATTERNS
+from api.schema.docs import schema_docs_view, schema_view
+from api.schema.document import EXECUTE_PATH, openapi_document
+from api.schema.patterns import PATTERNS
 
 __all__ = ["EXECUTE_PATH", "PATTERNS", "openapi_document", "schema_docs_view", "schema_view"]

@@ -7,8 +7,8 @@ from typing import Any
 import sluice_protocol as p
 
 from admission.ratelimit import POLICY_NAME
-from config.schema.bodies import Schema
-from config.schema.patterns import PATTERNS
+from api.schema.bodies import Schema
+from api.schema.patterns import PATTERNS
 
 REF = "#/components/schemas/"
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import sluice_protocol as p
 
-from config.schema.patterns import PATTERNS
+from api.schema.patterns import PATTERNS
 
 Schema = dict[str, Any]
 
@@ -187,7 +187,7 @@ def _object_from_fields(
     """An exact object: the protocol's field table decides the keys, required ones, defaults."""
     if set(fields) != set(schemas):
         raise RuntimeError(
-            f"config/schema.py and sluice_protocol disagree on the {operation} {kind} "
+            f"api/schema/ and sluice_protocol disagree on the {operation} {kind} "
             f"fields: {sorted(set(fields) ^ set(schemas))}"
         )
     properties: dict[str, Schema] = {}

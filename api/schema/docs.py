@@ -15,9 +15,9 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
-from config.schema.answers import REF as _REF
-from config.schema.bodies import Schema
-from config.schema.document import openapi_document
+from api.schema.answers import REF as _REF
+from api.schema.bodies import Schema
+from api.schema.document import openapi_document
 
 # Public, no authentication: the document holds no secret and no tenant data.
 

@@ -6,7 +6,7 @@ import functools
 
 import sluice_protocol as p
 
-from config.schema.answers import (
+from api.schema.answers import (
     REF,
     WWW_AUTHENTICATE,
     error_body,
@@ -14,7 +14,7 @@ from config.schema.answers import (
     json_content,
     typed,
 )
-from config.schema.bodies import (
+from api.schema.bodies import (
     BOOLEAN,
     Schema,
     integer,
@@ -23,7 +23,7 @@ from config.schema.bodies import (
     string,
     title,
 )
-from config.schema.patterns import PATTERNS
+from api.schema.patterns import PATTERNS
 from workspaces.runtime.config import MAX_SLOTS
 
 OPENAPI_VERSION = "3.1.0"

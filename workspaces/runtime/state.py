@@ -9,9 +9,27 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from admission.queue import SyncQueue
 from workspaces.runtime.config import WorkspaceRoot
+
+
+class SettlementQueue(Protocol):
+    """What a running worker needs of admission's queue (admission.queue.SyncQueue, which
+    `runworker` hands in): the Redis client for its clock, and the settle script."""
+
+    client: Any
+
+    def settle(
+        self,
+        *,
+        worker_id: str,
+        entry_id: str,
+        incarnation: str,
+        ticket: int,
+        payload: dict[str, Any],
+        now_ms: int | None = None,
+    ) -> bool: ...
 
 
 @dataclass
@@ -20,7 +38,7 @@ class WorkerState:
     incarnation: str
     workspaces: dict[str, WorkspaceRoot]
     lanes: bool
-    queue: SyncQueue
+    queue: SettlementQueue
     # HMAC key shared with the API alone: SHA-256 of this worker's token (workspaces/signing.py).
     signing_key: bytes
     # Redis clock minus this host's clock, in ms: deadlines are on Redis's clock.

@@ -11,9 +11,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from admission import views
 from admission.completion import CompletionDraft, stream_key
 from admission.connections import async_queue
+from api import workspace_tools as views
 
 
 @pytest.fixture(autouse=True)

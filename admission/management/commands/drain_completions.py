@@ -1,0 +1,37 @@
+"""`manage.py drain_completions`: move completion rows from the Redis stream into Postgres.
+
+API processes only append each call's row to a Redis stream (one XADD, off the response
+path); this process lands them in Postgres in batches. Run one or more per deployment: they
+share the work through a consumer group, a row is written at most once, and the rows of a
+drainer that dies are taken over by another after CLAIM_IDLE_MS. Stops on SIGTERM/SIGINT
+after landing what it has read.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from admission.completion import CompletionDrainer
+from admission.connections import sync_client
+
+
+class Command(BaseCommand):
+    help = "Move completion rows from the Redis stream into Postgres until stopped."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        # The stream lives on the admission Redis (a cluster node, when that is a cluster).
+        drainer = CompletionDrainer(sync_client(decode_responses=True, socket_connect_timeout=2))
+
+        def stop(signum: int, frame: Any) -> None:
+            drainer.stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        sys.stdout.write(f"completion drainer {drainer.consumer} running\n")
+        sys.stdout.flush()
+        drainer.run()
+        sys.stdout.write("completion drainer stopped\n")

@@ -1,0 +1,150 @@
+"""Typed refusals: every way a call can end other than with the worker's result.
+
+Services raise these and never speak HTTP; the API edge (`api/errors.py`) holds the one table
+that turns a refusal's code into a status and headers. A refusal says what the caller may
+conclude: `started` is False when the call certainly never reached a worker (safe to resend),
+None when it may have run, True when the worker itself answered. `admission_outcome` is what
+the completion row records for it, when the refusal decides that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Refusal(Exception):
+    code: str
+    message: str
+    started: bool | None = False
+    retry_after_s: int | None = None
+    admission_outcome: str | None = None
+    # Answer headers the protocol defines for this refusal (the rate limit's budget fields).
+    headers: dict[str, str] = field(default_factory=dict)
+    # A body the protocol shapes differently from {"error", "code"} (the rate limit's).
+    body: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+NOT_STARTED = "the operation was not started"
+
+
+def worker_not_found(worker_id: str) -> Refusal:
+    return Refusal("WORKER_NOT_FOUND", f"Worker {worker_id} was not found.")
+
+
+def no_worker_selected() -> Refusal:
+    return Refusal(
+        "NO_WORKER_SELECTED",
+        f"No worker was named and the tenant has no default worker; {NOT_STARTED}.",
+    )
+
+
+def worker_offline(worker_id: str) -> Refusal:
+    return Refusal("WORKER_OFFLINE", f"Worker {worker_id} is offline; {NOT_STARTED}.")
+
+
+def worker_mismatch(reason: str) -> Refusal:
+    return Refusal("WORKER_MISMATCH", f"{reason}; {NOT_STARTED}.")
+
+
+def quarantined() -> Refusal:
+    return Refusal(
+        "WORKSPACE_QUARANTINED",
+        "This workspace is quarantined after a mutation with an unknown outcome; an operator "
+        f"must release it in the admin. {NOT_STARTED.capitalize()}.",
+    )
+
+
+def request_id_taken() -> Refusal:
+    return Refusal(
+        "INVALID_REQUEST_ID", "This request id already names another call; it was not started."
+    )
+
+
+def queue_full(worker_id: str, held: int) -> Refusal:
+    return Refusal(
+        "WORKER_QUEUE_FULL",
+        f"Worker {worker_id} already holds {held} calls; {NOT_STARTED}. "
+        "Slow down or use another worker.",
+        admission_outcome="queue_full",
+    )
+
+
+def queue_timeout(retry_after_s: int) -> Refusal:
+    return Refusal(
+        "WORKSPACE_QUEUE_TIMEOUT",
+        "The worker's queue did not admit the call within its queue budget; "
+        f"{NOT_STARTED}. Retry after the hinted wait, or use an independent workspace.",
+        retry_after_s=retry_after_s,
+        admission_outcome="queue_timeout",
+    )
+
+
+def request_cancelled() -> Refusal:
+    return Refusal(
+        "REQUEST_CANCELLED",
+        "The call was cancelled while it waited; it was not started.",
+        admission_outcome="cancelled",
+    )
+
+
+def shutting_down() -> Refusal:
+    return Refusal(
+        "SERVICE_SHUTTING_DOWN",
+        f"This API process is shutting down; {NOT_STARTED}. Send it again.",
+        retry_after_s=1,
+    )
+
+
+def rate_limited(*, message: str, headers: dict[str, str], body: dict[str, Any]) -> Refusal:
+    return Refusal(
+        "RATE_LIMITED", message, admission_outcome="rate_limited", headers=headers, body=body
+    )
+
+
+def admission_unavailable() -> Refusal:
+    return Refusal(
+        "ADMISSION_UNAVAILABLE",
+        f"Admission is unavailable right now; {NOT_STARTED}.",
+    )
+
+
+def database_unavailable(*, started: bool | None) -> Refusal:
+    """Postgres is away: a retryable answer. Only a call never dispatched says "not started"."""
+    what = NOT_STARTED if started is False else "the operation may have run"
+    return Refusal(
+        "DATABASE_UNAVAILABLE",
+        f"The service's database is unavailable; {what}.",
+        started=started,
+        retry_after_s=5,
+    )
+
+
+def assignment_expired(message: str | None = None) -> Refusal:
+    return Refusal(
+        "ASSIGNMENT_EXPIRED",
+        message
+        or "The worker did not answer before the call's execution deadline; the operation may "
+        "or may not have run. Check the workspace before resending.",
+        started=None,
+    )
+
+
+def result_invalid(what: str) -> Refusal:
+    return Refusal(
+        "RESULT_INVALID",
+        f"The worker's {what} broke the protocol and was not forwarded; the operation may have run.",
+        started=None,
+    )
+
+
+def worker_refused(code: str, message: str) -> Refusal:
+    """The worker ran (or refused) the call and answered with one of its own codes."""
+    return Refusal(code, message, started=True)

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from api.schema import schema_docs_view, schema_view
+from api.workers import WorkerDeregisterApi, WorkerHeartbeatApi, WorkerRegisterApi
+from api.workspace_tools import WorkspaceToolsExecuteApi, WorkspaceToolsRequestCancelApi
+
+urlpatterns = [
+    path("v1/workspace-tools/execute", WorkspaceToolsExecuteApi.as_view(), name="execute"),
+    path(
+        "v1/workspace-tools/requests/<str:request_id>",
+        WorkspaceToolsRequestCancelApi.as_view(),
+        name="request-cancel",
+    ),
+    path("v1/workers/register", WorkerRegisterApi.as_view(), name="worker-register"),
+    path("v1/workers/heartbeat", WorkerHeartbeatApi.as_view(), name="worker-heartbeat"),
+    path("v1/workers/deregister", WorkerDeregisterApi.as_view(), name="worker-deregister"),
+    path("v1/schema/", schema_view, name="openapi-schema"),
+    path("v1/schema/docs/", schema_docs_view, name="openapi-docs"),
+]
