@@ -71,6 +71,9 @@ WORKER_COMMANDS = (
     # Only scripts the server loaded: no EVAL, no SCRIPT (LOAD, FLUSH, KILL).
     "+evalsha",
 )
+# A cluster client learns the slot map (CLUSTER SLOTS) and the key positions of every command
+# (COMMAND) when it starts: public facts about the server, no key in them.
+CLUSTER_COMMANDS = ("+cluster|slots", "+command")
 # The scripts a worker calls (by SHA), loaded by the server on every node it sets the user on.
 WORKER_SCRIPTS = (("settle", True),)
 # Characters Redis's glob treats specially, escaped wherever a prefix lands in a pattern.
@@ -133,7 +136,12 @@ def worker_key_patterns(prefix: str, celery_prefix: str, worker_id: str) -> list
 
 
 def worker_acl_rules(
-    *, worker_id: str, password_sha256: str, prefix: str, celery_prefix: str
+    *,
+    worker_id: str,
+    password_sha256: str,
+    prefix: str,
+    celery_prefix: str,
+    cluster: bool = False,
 ) -> list[str]:
     """Arguments of `ACL SETUSER <user> ...` confining one worker to its own keys."""
     return [
@@ -143,6 +151,7 @@ def worker_acl_rules(
         "resetchannels",
         "-@all",
         *WORKER_COMMANDS,
+        *(CLUSTER_COMMANDS if cluster else ()),
         *worker_key_patterns(prefix, celery_prefix, worker_id),
     ]
 
@@ -213,6 +222,7 @@ def _set_user(worker_id: str, password_sha256: str | None) -> None:
             password_sha256=password_sha256,
             prefix=settings.REDIS_KEY_PREFIX,
             celery_prefix=_celery_prefix(),
+            cluster=cluster_enabled(),
         )
         if password_sha256
         else None
