@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from admission.connections import sync_queue
 from admission.policy import current_policy
+from workspaces.credentials import worker_credentials_restore
 from workspaces.dispatch import worker_queue_name
 from workspaces.models import Worker, WorkerWorkspace
 
@@ -34,6 +35,9 @@ def worker_register(
 ) -> dict[str, object]:
     """A new incarnation: calls waiting for the old one are told WORKER_OFFLINE, none moves over."""
     incarnation = uuid.uuid4().hex
+    # The worker's ACL user and the scripts it may call are set up before it is told to
+    # connect: after a Redis restart both are gone, and this is the first thing it asks for.
+    worker_credentials_restore(worker=worker)
     negotiated = min(slots, current_policy().max_lease_slots)
     now = timezone.now()
     with transaction.atomic():

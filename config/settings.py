@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from config import role
 from config.env import database_from_url, env_bool, env_int, env_str, local_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY", "")
-if not SECRET_KEY:
+if not SECRET_KEY and role.WORKER:
+    # A worker signs nothing with it (its assignments are signed with its token's hash):
+    # a random key that lives as long as the process keeps Django content.
+    SECRET_KEY = secrets.token_urlsafe(48)
+elif not SECRET_KEY:
     # Never a key written in the source: it signs sessions and seeds the log hashes. A local
     # run (make run / make test / CI opt in with SLUICE_LOCAL_SECRET=1, or DEBUG) gets a random
     # key kept in var/ for this checkout; anything else must be given SECRET_KEY.
@@ -78,7 +84,9 @@ TEMPLATES = [
 ]
 
 DATABASE_URL = env_str("DATABASE_URL", "postgres://root@127.0.0.1:5432/test")
-DATABASES = {"default": database_from_url(DATABASE_URL)}
+# A worker has no database: Django's dummy backend makes any query it tried fail loudly
+# instead of quietly reaching for a Postgres the worker machine does not have.
+DATABASES = {} if role.WORKER else {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: the Celery broker, and (unless split out) admission, rate limits and the log buffer.
@@ -87,6 +95,10 @@ ADMISSION_REDIS_URL = env_str("ADMISSION_REDIS_URL", REDIS_URL)
 # On: ADMISSION_REDIS_URL names any one node of a Redis Cluster (the clients find the rest).
 # The Celery broker (REDIS_URL / CELERY_BROKER_URL) stays a plain Redis either way.
 ADMISSION_REDIS_CLUSTER = env_bool("ADMISSION_REDIS_CLUSTER", False)
+# On: every worker gets a Redis ACL user of its own when its token is issued (bootstrap, admin
+# rotation), confined to its own keys (workspaces/credentials.py). Off only for a Redis that
+# cannot do ACLs: then every worker holds the deployment's REDIS_URL (docs/security.md).
+SLUICE_WORKER_REDIS_ACL = env_bool("SLUICE_WORKER_REDIS_ACL", True)
 # Every key Sluice writes starts with this; tests give each run its own.
 REDIS_KEY_PREFIX = env_str("SLUICE_REDIS_PREFIX", "sluice:")
 

@@ -125,14 +125,26 @@ def start_worker(
     stack: contextlib.ExitStack,
     env: dict[str, str],
     base: str,
-    token: str,
+    account: dict[str, str],
     workspaces: dict[str, Path],
 ) -> Child:
     say(
         f"starting worker {WORKER_ID} on {', '.join(str(p.relative_to(ROOT)) for p in workspaces.values())}"
     )
     # The token travels in the environment, not on a command line every local user can read.
-    env = {**env, "SLUICE_WORKER_TOKEN": token}
+    # The worker gets what a worker machine would: its token and its own Redis user, not the
+    # server's database or the unrestricted REDIS_URL.
+    env = {k: v for k, v in env.items() if k not in {"DATABASE_URL", "ADMISSION_REDIS_URL"}}
+    env["SLUICE_WORKER_TOKEN"] = account["worker_token"]
+    if "redis_url" in account:
+        env["REDIS_URL"] = account["redis_url"]
+        env["ADMISSION_REDIS_URL"] = account["admission_redis_url"]
+        say(f"worker {WORKER_ID} connects to Redis as its own ACL user")
+    else:
+        say(
+            "WARNING: SLUICE_WORKER_REDIS_ACL is off: the demo worker holds the unrestricted "
+            "REDIS_URL and can read and change every worker's keys"
+        )
     args = [PY, "manage.py", "runworker", "--worker-id", WORKER_ID, "--api", base]
     for workspace_id, path in workspaces.items():
         args += ["--workspace", f"{workspace_id}={path}"]
@@ -202,7 +214,7 @@ def run(stack: contextlib.ExitStack, host: str, port: int) -> int:
     drainer = Child("drainer", [PY, "manage.py", "drain_completions"], env)
     stack.callback(drainer.stop, 10)
     api, base = start_api(stack, env, host, port)
-    worker = start_worker(stack, env, base, account["worker_token"], workspaces)
+    worker = start_worker(stack, env, base, account, workspaces)
     check_call(base, account["api_key"])
     banner(base, password, account["api_key"])
     while True:

@@ -115,6 +115,8 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "SLUICE_LOCAL_SECRET": "1",
+            # As in the test session itself (conftest): no ACL users on the shared Redis.
+            "SLUICE_WORKER_REDIS_ACL": "off",
         }
     )
     env.update(extra or {})

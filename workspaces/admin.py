@@ -11,12 +11,18 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.forms import ModelChoiceField, ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 
 from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
+from workspaces.credentials import (
+    RedisAclUnavailable,
+    WorkerRedisCredentials,
+    worker_credentials_issue,
+)
 from workspaces.models import ApiKey, Principal, Tenant, Worker, WorkerWorkspace
 from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret
 
@@ -30,11 +36,25 @@ def api_key_create(*, principal: Principal, label: str) -> str:
     return raw
 
 
-def worker_token_rotate(*, worker: Worker) -> str:
-    """A fresh token for `worker`; the old one stops authenticating at once."""
+def worker_token_rotate(*, worker: Worker) -> tuple[str, WorkerRedisCredentials | None]:
+    """A fresh token for `worker`, and a fresh password for its Redis user: the old ones stop
+    working at once. Raises RedisAclUnavailable, leaving the old token in place."""
     raw, _, token_hash = new_secret(WORKER_TOKEN_PREFIX)
-    Worker.objects.filter(pk=worker.pk).update(token_hash=token_hash)
-    return raw
+    with transaction.atomic():
+        Worker.objects.filter(pk=worker.pk).update(token_hash=token_hash)
+        creds = worker_credentials_issue(worker=worker)
+    return raw, creds
+
+
+def _redis_note(creds: WorkerRedisCredentials | None) -> str:
+    if creds is None:
+        return (
+            " Redis ACLs are off (SLUICE_WORKER_REDIS_ACL): the worker uses the shared REDIS_URL."
+        )
+    note = f" Its own Redis URL: {creds.redis_url}"
+    if creds.admission_redis_url != creds.redis_url:
+        note += f" (admission: {creds.admission_redis_url})"
+    return note + "."
 
 
 # ---------------------------------------------------------------------------------------
@@ -265,19 +285,28 @@ class WorkerAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)
             return
         # A worker added here gets its first token now; without one it could never register.
+        # The admin's add view runs in a transaction: a Redis that refuses the ACL user
+        # leaves no worker behind.
         raw, _, obj.token_hash = new_secret(WORKER_TOKEN_PREFIX)
         super().save_model(request, obj, form, change)
+        creds = worker_credentials_issue(worker=obj)
         self.message_user(
-            request, f"Token for worker {obj.worker_id}: {raw} — {SHOWN_ONCE}", messages.SUCCESS
+            request,
+            f"Token for worker {obj.worker_id}: {raw} — {SHOWN_ONCE}{_redis_note(creds)}",
+            messages.SUCCESS,
         )
 
-    @admin.action(description="Rotate token", permissions=["change"])
+    @admin.action(description="Rotate token (and Redis password)", permissions=["change"])
     def rotate_token(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         for worker in queryset:
-            raw = worker_token_rotate(worker=worker)
+            try:
+                raw, creds = worker_token_rotate(worker=worker)
+            except RedisAclUnavailable as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return
             self.message_user(
                 request,
-                f"New token for worker {worker.worker_id}: {raw} — {SHOWN_ONCE} "
+                f"New token for worker {worker.worker_id}: {raw} — {SHOWN_ONCE}{_redis_note(creds)} "
                 "A worker still running with the old token can no longer heartbeat; restart it with this one.",
                 messages.SUCCESS,
             )

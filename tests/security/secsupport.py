@@ -12,12 +12,15 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 import redis
 from django.db import connection
 from livesupport import free_port
+
+from workspaces.dispatch import worker_queue_name
 
 EXECUTE = "/v1/workspace-tools/execute"
 CANCEL = "/v1/workspace-tools/requests/{}"
@@ -85,73 +88,8 @@ def redis_dump(client: redis.Redis, prefix: str) -> str:
     return "\n".join(parts)
 
 
-# ---------------------------------------------------------------------------------------
-# Redis ACL for one worker (docs/security.md shows the same rules).
-
-WORKER_COMMANDS = (
-    # connection and clock
-    "+hello",
-    "+ping",
-    "+time",
-    # Celery/kombu consumer: pop its queue, bind it, put back what it prefetched when it
-    # stops; the rest of these, and those below, are what settle.lua runs
-    "+brpop",
-    "+llen",
-    "+lpush",
-    "+rpush",
-    "+multi",
-    "+exec",
-    "+watch",
-    "+unwatch",
-    "+sadd",
-    "+zadd",
-    "+zrem",
-    "+zrange",
-    "+hset",
-    "+hget",
-    "+hdel",
-    "+set",
-    "+get",
-    "+del",
-    # settle.lua (and _common.lua) run with the caller's permissions, command by command
-    "+hmget",
-    "+hincrby",
-    "+pexpire",
-    "+evalsha",
-    "+script|load",
-)
-
-
 def worker_queue(worker_id: str) -> str:
-    return f"sluice.worker.{worker_id}"
-
-
-def worker_key_patterns(prefix: str, worker_id: str) -> list[str]:
-    """The keys a worker touches: its admission keys and its own Celery queue. (Kombu's
-    shared `unacked` bookkeeping is off: CELERY_BROKER_TRANSPORT_OPTIONS ack_emulation.)"""
-    queue = worker_queue(worker_id)
-    celery = f"{prefix}celery:"
-    return [
-        f"~{prefix}adm:{{w:{worker_id}}}:*",
-        f"~{celery}{queue}",
-        # kombu's priority sub-queues, <queue>\x06\x16<priority>: whatever follows the queue
-        # name must not be a worker-id character, or `W` would also match a worker `W2`.
-        f"~{celery}{queue}[^-A-Za-z0-9._]*",
-        f"~{celery}_kombu.binding.{queue}",
-        f"~{celery}_kombu.binding_permanent.{queue}",
-    ]
-
-
-def worker_acl(prefix: str, worker_id: str, password: str) -> list[str]:
-    """Arguments of `ACL SETUSER <user> ...` confining one worker to its own keys."""
-    return [
-        "reset",
-        "on",
-        f">{password}",
-        "resetchannels",
-        *WORKER_COMMANDS,
-        *worker_key_patterns(prefix, worker_id),
-    ]
+    return worker_queue_name(worker_id)
 
 
 class ThrowawayRedis:
@@ -192,7 +130,7 @@ class ThrowawayRedis:
                 time.sleep(0.05)
 
     def url(self, user: str | None = None, password: str | None = None) -> str:
-        auth = f"{user}:{password}@" if user else ""
+        auth = f"{quote(user, safe='')}:{quote(password or '', safe='')}@" if user else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def client(self, user: str, password: str) -> redis.Redis:

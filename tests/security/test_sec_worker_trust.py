@@ -13,6 +13,7 @@ reach another worker's keys. The machine's shared Redis is never given an ACL.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -27,11 +28,12 @@ import pytest
 import redis
 from django.conf import settings
 from livesupport import ApiServer, Worker, git_workspace, start_api
-from secsupport import EXECUTE, ThrowawayRedis, body, worker_acl, worker_queue
+from secsupport import EXECUTE, ThrowawayRedis, body, worker_queue
 from sluice_protocol import validate_request
 
 from admission.completion import metrics_key, stream_key
 from admission.queue import SyncQueue, request_id_key, worker_keys
+from workspaces.credentials import acl_user_name, worker_acl_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -175,13 +177,15 @@ class ConfinedWorkers:
         self.passwords: dict[str, str] = {}
 
     def user(self, account: Any) -> tuple[str, str]:
-        name, password = f"worker-{account.worker_id}", secrets.token_urlsafe(24)
+        """The product's own rules (workspaces/credentials.py), set by hand on this Redis."""
+        name, password = acl_user_name(account.worker_id), secrets.token_urlsafe(24)
         self.redis.set_user(
             name,
-            worker_acl(
-                settings.REDIS_KEY_PREFIX,
-                account.worker_id,
-                password,
+            worker_acl_rules(
+                worker_id=account.worker_id,
+                password_sha256=hashlib.sha256(password.encode()).hexdigest(),
+                prefix=settings.REDIS_KEY_PREFIX,
+                celery_prefix=str(settings.CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"]),
             ),
         )
         return name, password
@@ -202,7 +206,9 @@ class ConfinedWorkers:
 
     def client(self, account: Any) -> redis.Redis:
         """The Redis connection that account's worker host holds."""
-        return self.redis.client(f"worker-{account.worker_id}", self.passwords[account.worker_id])
+        return self.redis.client(
+            acl_user_name(account.worker_id), self.passwords[account.worker_id]
+        )
 
 
 @pytest.fixture
@@ -318,7 +324,7 @@ def test_a_failed_settlement_does_not_put_the_command_in_the_workers_log(
     owner = account_factory()
     worker = confined.start(owner, git_workspace(tmp_path / "owner"))
     # Redis refuses the worker's settlement from now on (as it would while failing over).
-    acl_redis.set_user(f"worker-{owner.worker_id}", ["-evalsha"])
+    acl_redis.set_user(acl_user_name(owner.worker_id), ["-evalsha"])
     marker = f"CMD-MARKER-{uuid.uuid4().hex[:12]}"
     ran = tmp_path / "ran"
     pool = ThreadPoolExecutor(max_workers=1)

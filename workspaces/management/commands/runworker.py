@@ -22,6 +22,7 @@ from workspaces.runtime.config import (
     parse_workspaces,
 )
 from workspaces.runtime.control import ControlPlane, RegistrationRefused
+from workspaces.runtime.credfile import resolve_credentials
 from workspaces.runtime.orphans import kill_orphans
 from workspaces.signing import signing_key_for_token
 
@@ -32,7 +33,14 @@ class Command(BaseCommand):
     help = "Run a Sluice workspace worker: register, take assignments from its queue, run them."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--worker-id", required=True)
+        parser.add_argument("--worker-id", default=None)
+        parser.add_argument(
+            "--credentials",
+            default=None,
+            metavar="FILE",
+            help="0600 JSON file with worker_id, worker_token and the worker's own redis_url "
+            "[default: ~/.config/sluice/worker-<id>.json when it exists]",
+        )
         parser.add_argument(
             "--token",
             default=os.environ.get("SLUICE_WORKER_TOKEN"),
@@ -46,6 +54,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            options["worker_id"], options["token"] = resolve_credentials(
+                worker_id=options["worker_id"], token=options["token"], path=options["credentials"]
+            )
+        except WorkerConfigError as exc:
+            raise CommandError(str(exc)) from None
         if not options["token"]:
             raise CommandError(
                 "a worker token is required: set SLUICE_WORKER_TOKEN (or pass --token)"
