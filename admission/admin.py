@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 from sluice_protocol import OPERATIONS
 
+from admission import workers_admin  # noqa: F401  (the tenants, keys and workers pages)
 from admission.models import AdmissionPolicy, CompletionLog, Quarantine
 from admission.policy import forget_cached_policy, policy_row
 from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin

@@ -13,8 +13,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from admission.connections import sync_queue
+from admission.credentials import worker_credentials_restore
 from admission.policy import current_policy
-from workspaces.credentials import worker_credentials_restore
 from workspaces.dispatch import worker_queue_name
 from workspaces.models import Worker, WorkerWorkspace
 

@@ -17,12 +17,12 @@ from django.forms import ModelChoiceField, ModelForm
 from django.http import HttpRequest
 from django.utils import timezone
 
-from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
-from workspaces.credentials import (
+from admission.credentials import (
     RedisAclUnavailable,
     WorkerRedisCredentials,
     worker_credentials_issue,
 )
+from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
 from workspaces.models import ApiKey, Principal, Tenant, Worker, WorkerWorkspace
 from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret
 

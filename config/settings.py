@@ -96,7 +96,7 @@ ADMISSION_REDIS_URL = env_str("ADMISSION_REDIS_URL", REDIS_URL)
 # The Celery broker (REDIS_URL / CELERY_BROKER_URL) stays a plain Redis either way.
 ADMISSION_REDIS_CLUSTER = env_bool("ADMISSION_REDIS_CLUSTER", False)
 # On: every worker gets a Redis ACL user of its own when its token is issued (bootstrap, admin
-# rotation), confined to its own keys (workspaces/credentials.py). Off only for a Redis that
+# rotation), confined to its own keys (admission/credentials.py). Off only for a Redis that
 # cannot do ACLs: then every worker holds the deployment's REDIS_URL (docs/security.md).
 SLUICE_WORKER_REDIS_ACL = env_bool("SLUICE_WORKER_REDIS_ACL", True)
 # Every key Sluice writes starts with this; tests give each run its own.

@@ -77,7 +77,7 @@ class Worker(models.Model):
     worker_id = models.CharField(max_length=128, unique=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="workers")
     token_hash = models.CharField(max_length=64, editable=False)
-    # SHA-256 of the worker's own Redis ACL password (workspaces/credentials.py): Redis takes
+    # SHA-256 of the worker's own Redis ACL password (admission/credentials.py): Redis takes
     # the hash as it is (`ACL SETUSER ... #<hash>`), so the server can set the user up again
     # after a Redis restart without ever keeping the password. Empty: no ACL user issued.
     redis_password_hash = models.CharField(max_length=64, blank=True, editable=False)

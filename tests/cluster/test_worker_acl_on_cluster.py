@@ -16,11 +16,11 @@ from clusterkit import LocalCluster
 from livesupport import unique
 from redis.cluster import RedisCluster
 from security.secsupport import ThrowawayRedis
+from workspaces.management.commands.bootstrap import bootstrap
 
 from admission import connections
+from admission.credentials import acl_user_name
 from admission.queue import SyncQueue, worker_keys
-from workspaces.credentials import acl_user_name
-from workspaces.management.commands.bootstrap import bootstrap
 from workspaces.models import Worker
 
 pytestmark = pytest.mark.e2e

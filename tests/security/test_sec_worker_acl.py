@@ -25,11 +25,11 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from livesupport import PYTHON, ROOT, ApiServer, Process, git_workspace, start_api, unique
 from secsupport import EXECUTE, ThrowawayRedis, body, worker_queue
-
-from admission.queue import worker_keys
-from workspaces.admin import worker_token_rotate
-from workspaces.credentials import acl_user_name
 from workspaces.management.commands.bootstrap import bootstrap
+
+from admission.credentials import acl_user_name
+from admission.queue import worker_keys
+from admission.workers_admin import worker_token_rotate
 from workspaces.models import Worker
 from workspaces.runtime.config import WorkerConfigError
 from workspaces.runtime.credfile import load_credentials, resolve_credentials, write_credentials

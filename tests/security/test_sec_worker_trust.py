@@ -32,8 +32,8 @@ from secsupport import EXECUTE, ThrowawayRedis, body, worker_queue
 from sluice_protocol import validate_request
 
 from admission.completion import metrics_key, stream_key
+from admission.credentials import acl_user_name, worker_acl_rules
 from admission.queue import SyncQueue, request_id_key, worker_keys
-from workspaces.credentials import acl_user_name, worker_acl_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -177,7 +177,7 @@ class ConfinedWorkers:
         self.passwords: dict[str, str] = {}
 
     def user(self, account: Any) -> tuple[str, str]:
-        """The product's own rules (workspaces/credentials.py), set by hand on this Redis."""
+        """The product's own rules (admission/credentials.py), set by hand on this Redis."""
         name, password = acl_user_name(account.worker_id), secrets.token_urlsafe(24)
         self.redis.set_user(
             name,

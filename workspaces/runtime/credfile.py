@@ -102,7 +102,7 @@ def write_credentials(path: Path, payload: dict[str, Any]) -> None:
 
 
 def resolve_credentials(
-    *, worker_id: str | None, token: str | None, path: str | None
+    *, worker_id: str | None, token: str | None, path: str | None, celery_app: Any = None
 ) -> tuple[str, str | None]:
     """(worker id, token) for runworker, and the worker's own Redis URLs put in place.
 
@@ -125,21 +125,21 @@ def resolve_credentials(
             f"credentials file {chosen} is for worker {creds.worker_id}, not {worker_id}"
         )
     if creds.redis_url:
-        use_redis(creds)
+        use_redis(creds, celery_app)
     return creds.worker_id, token or creds.worker_token
 
 
-def use_redis(creds: WorkerCredentials) -> None:
-    """Point this process's broker and admission clients at the worker's own Redis user.
+def use_redis(creds: WorkerCredentials, celery_app: Any = None) -> None:
+    """Point this process's broker and admission clients (and `celery_app`, the project's
+    Celery app that runworker hands in) at the worker's own Redis user.
 
     Before anything connects: the admission client is made on first use, and the Celery app
     reads its broker URL when the consumer starts."""
     from django.conf import settings
 
-    from config.celery import app
-
     settings.CELERY_BROKER_URL = creds.redis_url
     settings.REDIS_URL = creds.redis_url
     settings.ADMISSION_REDIS_URL = creds.admission_redis_url or creds.redis_url
     settings.ADMISSION_REDIS_CLUSTER = creds.admission_redis_cluster
-    app.conf.broker_url = creds.redis_url
+    if celery_app is not None:
+        celery_app.conf.broker_url = creds.redis_url

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, transaction
 from sluice_protocol import ProtocolError, validate_worker_id
 
-from workspaces.credentials import RedisAclUnavailable, worker_credentials_issue
+from admission.credentials import RedisAclUnavailable, worker_credentials_issue
 from workspaces.models import ApiKey, Principal, Tenant, Worker
 from workspaces.runtime.credfile import write_credentials
 from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret

@@ -56,7 +56,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             options["worker_id"], options["token"] = resolve_credentials(
-                worker_id=options["worker_id"], token=options["token"], path=options["credentials"]
+                worker_id=options["worker_id"],
+                token=options["token"],
+                path=options["credentials"],
+                celery_app=app,
             )
         except WorkerConfigError as exc:
             raise CommandError(str(exc)) from None
