@@ -49,7 +49,7 @@ def prepare(name: str = "sluice_bench", **env: str) -> dict[str, str]:
 
 
 def account(worker_id: str, tenant: str = "bench") -> dict[str, str]:
-    from workspaces.management.commands.bootstrap import bootstrap
+    from admission.management.commands.bootstrap import bootstrap
 
     return bootstrap(tenant=tenant, user="bench", worker_id=worker_id)
 

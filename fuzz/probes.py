@@ -281,7 +281,7 @@ def _quarantine(p: Prober, read: dict[str, Any]) -> None:
 
 def _outsider(p: Prober, read: dict[str, Any]) -> None:
     """Another tenant: its worker is "not found" to us; without a default worker it gets 503."""
-    from workspaces.management.commands.bootstrap import bootstrap
+    from admission.management.commands.bootstrap import bootstrap
     from workspaces.models import Tenant
 
     tag = uuid.uuid4().hex[:8]

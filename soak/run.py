@@ -225,7 +225,7 @@ def main() -> int:
     from livesupport import Worker, start_api
 
     from admission.queue import SyncQueue
-    from workspaces.management.commands.bootstrap import bootstrap
+    from admission.management.commands.bootstrap import bootstrap
 
     prefix = settings.REDIS_KEY_PREFIX
     base = Path(tempfile.mkdtemp(prefix="sluice-soak-"))

@@ -133,7 +133,7 @@ class Account:
 
 @pytest.fixture
 def account_factory(transactional_db: None) -> Any:
-    from workspaces.management.commands.bootstrap import bootstrap
+    from admission.management.commands.bootstrap import bootstrap
 
     def make(tenant: str | None = None, user: str = "owner", worker: str | None = None) -> Account:
         result = bootstrap(

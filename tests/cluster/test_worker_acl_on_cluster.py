@@ -16,7 +16,7 @@ from clusterkit import LocalCluster
 from livesupport import unique
 from redis.cluster import RedisCluster
 from security.secsupport import ThrowawayRedis
-from workspaces.management.commands.bootstrap import bootstrap
+from admission.management.commands.bootstrap import bootstrap
 
 from admission import connections
 from admission.credentials import acl_user_name

@@ -25,7 +25,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from livesupport import PYTHON, ROOT, ApiServer, Process, git_workspace, start_api, unique
 from secsupport import EXECUTE, ThrowawayRedis, body, worker_queue
-from workspaces.management.commands.bootstrap import bootstrap
+from admission.management.commands.bootstrap import bootstrap
 
 from admission.credentials import acl_user_name
 from admission.queue import worker_keys

@@ -6,7 +6,7 @@ import time
 
 from livesupport import git_workspace
 
-from workspaces.management.commands.bootstrap import bootstrap
+from admission.management.commands.bootstrap import bootstrap
 
 
 def test_a_worker_stops_and_deregisters_once_its_token_is_rotated(
