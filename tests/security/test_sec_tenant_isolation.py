@@ -176,7 +176,7 @@ def test_outsider_and_member_cannot_cancel_the_owners_request_nor_learn_that_it_
             # And the member does use the tenant's worker.
             assert post(http, member, owner.worker_id, body("read_file", path="README.md")).json()[
                 "content"
-            ] == ("# demo\n")
+            ] == ("# demo")
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
