@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from admission.queue import SyncQueue
 from workspaces.runtime.config import WorkspaceRoot
+from workspaces.sandbox import Sandbox
 
 
 @dataclass
@@ -23,6 +24,8 @@ class WorkerState:
     queue: SyncQueue
     # HMAC key shared with the API alone: SHA-256 of this worker's token (workspaces/signing.py).
     signing_key: bytes
+    # None only when started with --allow-unsandboxed-commands on a host that cannot sandbox.
+    sandbox: Sandbox | None = None
     # Redis clock minus this host's clock, in ms: deadlines are on Redis's clock.
     clock_offset_ms: float = 0.0
     seen: dict[int, float] = field(
