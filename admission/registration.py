@@ -18,6 +18,9 @@ from admission.policy import current_policy
 from workspaces.dispatch import worker_queue_name
 from workspaces.models import Worker, WorkerWorkspace
 
+# What a worker may report as its command sandbox (§4.4).
+SANDBOX_PROFILES = frozenset({"bwrap", "none"})
+
 
 @dataclass(frozen=True)
 class OfferedWorkspace:
@@ -31,7 +34,11 @@ def _ttl_ms() -> int:
 
 
 def worker_register(
-    *, worker: Worker, workspaces: list[OfferedWorkspace], slots: int
+    *,
+    worker: Worker,
+    workspaces: list[OfferedWorkspace],
+    slots: int,
+    sandbox_profile: str = "",
 ) -> dict[str, object]:
     """A new incarnation: calls waiting for the old one are told WORKER_OFFLINE, none moves over."""
     incarnation = uuid.uuid4().hex
@@ -47,6 +54,7 @@ def worker_register(
             slots=negotiated,
             registered_at=now,
             last_heartbeat_at=now,
+            sandbox_profile=sandbox_profile,
         )
         WorkerWorkspace.objects.filter(worker=worker).delete()
         WorkerWorkspace.objects.bulk_create(

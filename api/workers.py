@@ -13,6 +13,7 @@ from sluice_protocol import OPERATIONS
 
 from admission.refusals import Refusal
 from admission.registration import (
+    SANDBOX_PROFILES,
     OfferedWorkspace,
     worker_deregister,
     worker_heartbeat,
@@ -82,6 +83,8 @@ class RegisterSerializer(StrictSerializer):
         child=OfferedWorkspaceSerializer(), min_length=1, max_length=256
     )
     slots = StrictIntegerField(min_value=1, max_value=MAX_SLOTS)
+    # §4.4: how the worker confines its commands. Optional, so an older worker still registers.
+    sandboxProfile = serializers.ChoiceField(sorted(SANDBOX_PROFILES), required=False)
 
     def validate_workspaces(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ids = [w["workspaceId"] for w in value]
@@ -119,7 +122,12 @@ class WorkerRegisterApi(_WorkerApi):
             for w in data.validated_data["workspaces"]
         ]
         return Response(
-            worker_register(worker=worker, workspaces=offered, slots=data.validated_data["slots"])
+            worker_register(
+                worker=worker,
+                workspaces=offered,
+                slots=data.validated_data["slots"],
+                sandbox_profile=data.validated_data.get("sandboxProfile", ""),
+            )
         )
 
 

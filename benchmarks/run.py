@@ -16,6 +16,7 @@ BENCHMARKS = [
     ("round trip: HTTP -> Celery -> worker -> result vs in-process", "roundtrip.py", []),
     ("admission: hand-off, Redis commands per call, 1,000 waiters, throughput", "admission.py", []),
     ("dashboard queries on 1,000,000 completion rows", "dashboard_queries.py", []),
+    ("command sandbox: added latency of bwrap per command", "sandbox.py", []),
 ]
 
 

@@ -205,6 +205,8 @@ class Worker:
     env: dict[str, str]
     slots: int | None = None
     lanes: bool = False
+    # More runworker flags, e.g. ["--workspace-no-network", "a"].
+    extra_args: list[str] = field(default_factory=list)
     process: Process | None = None
     incarnations: list[str] = field(default_factory=list)
 
@@ -226,7 +228,7 @@ class Worker:
             args += ["--slots", str(self.slots)]
         if self.lanes:
             args.append("--linked-worktree-lanes")
-        return args
+        return args + self.extra_args
 
     def start(self) -> Worker:
         self.process = Process(self.args(), self.env, f"worker:{self.worker_id}")

@@ -95,6 +95,13 @@ class Worker(models.Model):
         help_text="Negotiated: min(the worker's --slots, the policy ceiling).",
     )
     registered_at = models.DateTimeField(null=True, blank=True, editable=False)
+    sandbox_profile = models.CharField(
+        max_length=16,
+        blank=True,
+        editable=False,
+        help_text="How its commands are confined, as the worker registered it: bwrap or none. "
+        "Empty: not reported.",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
 

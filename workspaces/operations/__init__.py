@@ -13,14 +13,14 @@ from collections.abc import Callable
 
 from sluice_protocol import PROTOCOL_VERSION
 
-from workspaces.operations.command import execute_command
+from workspaces.operations.command import Confinement, execute_command
 from workspaces.operations.edit import edit_file, preview_edit
 from workspaces.operations.errors import OperationError, OutcomeUnknown
 from workspaces.operations.files import list_files, read_file, write_file
 from workspaces.operations.lanes import resolve_lane
 from workspaces.operations.search import search_text
 
-__all__ = ["OperationError", "OutcomeUnknown", "resolve_lane", "run_operation"]
+__all__ = ["Confinement", "OperationError", "OutcomeUnknown", "resolve_lane", "run_operation"]
 
 Handler = Callable[..., dict[str, object]]
 
@@ -55,9 +55,17 @@ _UNAVAILABLE = {
 
 
 def run_operation(
-    request: dict[str, object], *, root: str, deadline: float, offered: frozenset[str] | None = None
+    request: dict[str, object],
+    *,
+    root: str,
+    deadline: float,
+    offered: frozenset[str] | None = None,
+    confinement: Confinement | None = None,
 ) -> dict[str, object]:
     """Run one validated request under ``root`` (a workspace or lane realpath).
+
+    ``confinement`` sandboxes ``execute_command`` (the other operations are the worker's own
+    code and check their paths themselves); without it a command runs unconfined.
 
     Returns the complete §2.2 result. Raises ``OperationError`` for a refusal or failure, and
     ``OutcomeUnknown`` when a mutation may or may not have happened.
@@ -69,7 +77,8 @@ def run_operation(
     if offered is not None and operation not in offered:
         raise OperationError(_NOT_OFFERED[operation], f"This workspace does not offer {operation}.")
     try:
-        result = handler(request, root=os.path.realpath(root), deadline=deadline)
+        extra = {"confinement": confinement} if operation == "execute_command" else {}
+        result = handler(request, root=os.path.realpath(root), deadline=deadline, **extra)
     except OperationError:
         raise
     except OSError as exc:

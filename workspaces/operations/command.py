@@ -4,6 +4,10 @@ The command is the leader of a new session, so its process group holds everythin
 that did not deliberately leave (``setsid``). Whatever happens, the group gets SIGKILL before
 we return: a background job must not outlive the call and keep writing to the workspace
 after the next call (perhaps another agent's) has started there.
+
+With a ``Confinement`` (the worker's normal case) the shell runs inside bubblewrap
+(workspaces/sandbox.py): the process we start and wait for is bwrap, whose exit ends the
+command's whole PID namespace, so even what left the group with ``setsid`` ends with the call.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import selectors
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 
 from workspaces.operations.errors import OperationError, OutcomeUnknown
 from workspaces.operations.paths import resolve_dir
+from workspaces.sandbox import Sandbox
 
 # After the leader exits, grandchildren may still hold stdout/stderr open (``cmd &``). We read
 # for this long more, then kill the group, so a forgotten background job costs 100 ms rather
@@ -46,6 +52,15 @@ _WORKER_ONLY_NAMES = frozenset(
         "METRICS_TOKEN",
     }
 )
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """One workspace's share of the worker's sandbox, handed to each of its command calls."""
+
+    sandbox: Sandbox
+    workspace_root: str  # realpath of the checkout, also for a lane call
+    network: bool = True
 
 
 def command_env() -> dict[str, str]:
@@ -168,9 +183,24 @@ def _signal_name(number: int) -> str:
         return f"SIG{number}"
 
 
-def execute_command(request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
+def execute_command(
+    request: dict[str, object],
+    *,
+    root: str,
+    deadline: float,
+    confinement: Confinement | None = None,
+) -> dict[str, object]:
     command = str(request["command"])
     cwd = resolve_dir(root, str(request.get("cwd") or ""))
+    argv = ["/bin/sh", "-c", command]
+    if confinement is not None:
+        argv = confinement.sandbox.argv(
+            command,
+            workspace_root=confinement.workspace_root,
+            worktree=str(request.get("worktree") or "") or None,
+            cwd=cwd,
+            network=confinement.network,
+        )
     budget_s = min(int(str(request["timeoutMs"])) / 1000, deadline - time.monotonic())
     cap = int(str(request["maxOutputBytes"]))
     if budget_s <= 0:
@@ -179,7 +209,7 @@ def execute_command(request: dict[str, object], *, root: str, deadline: float) -
         )
     try:
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
+            argv,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -9,7 +9,13 @@ from typing import Any
 from redis.exceptions import RedisError
 from sluice_protocol import MAX_ERROR_CHARS, MUTATING_OPERATIONS
 
-from workspaces.operations import OperationError, OutcomeUnknown, resolve_lane, run_operation
+from workspaces.operations import (
+    Confinement,
+    OperationError,
+    OutcomeUnknown,
+    resolve_lane,
+    run_operation,
+)
 from workspaces.runtime import state as worker_state
 from workspaces.signing import sign, unsigned, verify
 
@@ -116,7 +122,16 @@ def _execute(
                     "WORKER_MISMATCH", "This worker does not offer linked-worktree lanes."
                 )
             root = resolve_lane(root, str(request["worktree"]))
-        result = run_operation(request, root=root, deadline=deadline, offered=workspace.operations)
+        confinement = None
+        if st.sandbox is not None:
+            confinement = Confinement(st.sandbox, workspace.root, network=workspace.network)
+        result = run_operation(
+            request,
+            root=root,
+            deadline=deadline,
+            offered=workspace.operations,
+            confinement=confinement,
+        )
     except OutcomeUnknown as exc:
         return _error(exc.code, exc.message, quarantine=True)
     except OperationError as exc:

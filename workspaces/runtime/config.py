@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sluice_protocol import OPERATIONS
 
@@ -21,6 +21,7 @@ class WorkspaceRoot:
     workspace_id: str
     root: str  # realpath; never sent to the server
     operations: frozenset[str]
+    network: bool = True  # False: its commands get an empty network namespace (loopback only)
 
 
 def default_slots() -> int:
@@ -56,6 +57,23 @@ def parse_workspaces(specs: list[str]) -> list[WorkspaceRoot]:
             if _inside(a.root, b.root) or _inside(b.root, a.root):
                 raise WorkerConfigError(f"workspaces {a.workspace_id} and {b.workspace_id} overlap")
     return roots
+
+
+def without_network(roots: list[WorkspaceRoot], ids: list[str]) -> list[WorkspaceRoot]:
+    """Marks the workspaces named by --workspace-no-network; an unknown id is refused."""
+    known = {w.workspace_id for w in roots}
+    for workspace_id in ids:
+        if workspace_id not in known:
+            raise WorkerConfigError(
+                f"--workspace-no-network {workspace_id}: no such --workspace on this worker"
+            )
+    return [replace(w, network=w.workspace_id not in ids) for w in roots]
+
+
+def check_limit(flag: str, value: int) -> int:
+    if value < 0:
+        raise WorkerConfigError(f"{flag} must be 0 (no limit) or more, not {value}")
+    return value
 
 
 def _inside(child: str, parent: str) -> bool:

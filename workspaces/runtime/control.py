@@ -16,8 +16,12 @@ class RegistrationRefused(RuntimeError):
 
 
 class ControlPlane:
-    def __init__(self, api_url: str, *, worker_id: str, token: str) -> None:
+    def __init__(
+        self, api_url: str, *, worker_id: str, token: str, sandbox_profile: str | None = None
+    ) -> None:
         self.worker_id = worker_id
+        # "bwrap" or "none" (§4.4); sent with every registration, re-registrations included.
+        self.sandbox_profile = sandbox_profile
         self.http = httpx.Client(
             base_url=api_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
@@ -28,7 +32,13 @@ class ControlPlane:
         self, *, workspaces: list[dict[str, Any]], slots: int, attempts: int = 30
     ) -> dict[str, Any]:
         """Register, retrying while the API is unreachable; a refusal (4xx) is final."""
-        body = {"workerId": self.worker_id, "workspaces": workspaces, "slots": slots}
+        body: dict[str, Any] = {
+            "workerId": self.worker_id,
+            "workspaces": workspaces,
+            "slots": slots,
+        }
+        if self.sandbox_profile is not None:
+            body["sandboxProfile"] = self.sandbox_profile
         for attempt in range(attempts):
             try:
                 response = self.http.post("/v1/workers/register", json=body)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from workspaces.runtime.config import WorkspaceRoot
+from workspaces.sandbox import Sandbox
 
 
 class SettlementQueue(Protocol):
@@ -41,6 +42,8 @@ class WorkerState:
     queue: SettlementQueue
     # HMAC key shared with the API alone: SHA-256 of this worker's token (workspaces/signing.py).
     signing_key: bytes
+    # None only when started with --allow-unsandboxed-commands on a host that cannot sandbox.
+    sandbox: Sandbox | None = None
     # Redis clock minus this host's clock, in ms: deadlines are on Redis's clock.
     clock_offset_ms: float = 0.0
     seen: dict[int, float] = field(

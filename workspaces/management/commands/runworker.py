@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -17,13 +18,17 @@ from workspaces.operations.command import OWNER_ENV
 from workspaces.runtime import state as worker_state
 from workspaces.runtime.config import (
     WorkerConfigError,
+    WorkspaceRoot,
+    check_limit,
     check_slots,
     default_slots,
     parse_workspaces,
+    without_network,
 )
 from workspaces.runtime.control import ControlPlane, RegistrationRefused
 from workspaces.runtime.credfile import resolve_credentials
 from workspaces.runtime.orphans import kill_orphans
+from workspaces.sandbox import Limits, Sandbox, SandboxUnavailable, worker_sandbox
 from workspaces.signing import signing_key_for_token
 
 log = logging.getLogger("sluice.worker")
@@ -48,6 +53,34 @@ class Command(BaseCommand):
         )
         parser.add_argument("--workspace", action="append", default=[], metavar="ID=PATH")
         parser.add_argument("--linked-worktree-lanes", action="store_true")
+        parser.add_argument(
+            "--workspace-no-network",
+            action="append",
+            default=[],
+            metavar="ID",
+            help="Commands of this workspace run without network (loopback only).",
+        )
+        parser.add_argument(
+            "--allow-unsandboxed-commands",
+            action="store_true",
+            help="Offer execute_command even where bubblewrap cannot sandbox it (unsafe).",
+        )
+        defaults = Limits()
+        for flag, default, what in (
+            ("--command-max-processes", defaults.max_processes, "processes"),
+            ("--command-max-file-bytes", defaults.max_file_bytes, "bytes in one file"),
+            (
+                "--command-max-memory-bytes",
+                defaults.max_address_space_bytes,
+                "bytes of address space",
+            ),
+        ):
+            parser.add_argument(
+                flag,
+                type=int,
+                default=default,
+                help=f"Per command: at most this many {what}; 0 = no limit.",
+            )
         parser.add_argument("--slots", type=int, default=None)
         parser.add_argument(
             "--api", default=os.environ.get("SLUICE_API_URL", "http://127.0.0.1:8000")
@@ -72,8 +105,23 @@ class Command(BaseCommand):
             slots = check_slots(
                 options["slots"] if options["slots"] is not None else default_slots()
             )
+            workspaces = without_network(workspaces, options["workspace_no_network"])
+            limits = Limits(
+                max_processes=check_limit(
+                    "--command-max-processes", options["command_max_processes"]
+                ),
+                max_file_bytes=check_limit(
+                    "--command-max-file-bytes", options["command_max_file_bytes"]
+                ),
+                max_address_space_bytes=check_limit(
+                    "--command-max-memory-bytes", options["command_max_memory_bytes"]
+                ),
+            )
         except WorkerConfigError as exc:
             raise CommandError(str(exc)) from None
+        sandbox, workspaces = self._sandbox(
+            workspaces, limits, allow_unsandboxed=options["allow_unsandboxed_commands"]
+        )
         if len(workspaces) > 1 and slots == 1:
             log.warning(
                 "%d workspaces share 1 slot: calls on different workspaces will wait for each other",
@@ -91,7 +139,10 @@ class Command(BaseCommand):
             )
         os.environ[OWNER_ENV] = worker_id
         control = ControlPlane(
-            options["api"], worker_id=options["worker_id"], token=options["token"]
+            options["api"],
+            worker_id=options["worker_id"],
+            token=options["token"],
+            sandbox_profile="bwrap" if sandbox is not None else "none",
         )
         offered = [
             {
@@ -112,6 +163,7 @@ class Command(BaseCommand):
             lanes=lanes,
             queue=sync_queue(),
             signing_key=signing_key_for_token(options["token"]),
+            sandbox=sandbox,
         )
         state.sync_clock()
         worker_state.install(state)
@@ -133,6 +185,33 @@ class Command(BaseCommand):
             control.deregister(state.incarnation)
             worker_state.install(None)
             self.stdout.write(f"worker {state.worker_id} deregistered")
+
+    def _sandbox(
+        self, workspaces: list[WorkspaceRoot], limits: Limits, *, allow_unsandboxed: bool
+    ) -> tuple[Sandbox | None, list[WorkspaceRoot]]:
+        """The sandbox for commands, and the workspaces as they will be offered: without
+        execute_command when there is no sandbox, unless the operator allowed that."""
+        try:
+            return worker_sandbox(
+                base_dir=str(settings.BASE_DIR),
+                workspace_roots=[w.root for w in workspaces],
+                limits=limits,
+            ), workspaces
+        except SandboxUnavailable as exc:
+            why = str(exc)
+        if allow_unsandboxed:
+            log.warning(
+                "commands run UNSANDBOXED (%s): they can read this worker's files, environment "
+                "and processes (--allow-unsandboxed-commands)",
+                why,
+            )
+            return None, workspaces
+        log.warning(
+            "execute_command is not offered: %s; install bubblewrap or pass "
+            "--allow-unsandboxed-commands",
+            why,
+        )
+        return None, [replace(w, operations=w.operations - {"execute_command"}) for w in workspaces]
 
     def _consume(self, queue: str, slots: int) -> None:
         from celery.signals import worker_ready

@@ -1,0 +1,184 @@
+"""The bubblewrap sandbox a command runs in (contract §4.4): one call becomes one bwrap argv.
+
+Inside, the command has its own user, mount, PID, IPC and UTS namespaces (and its own empty
+network namespace when its workspace is registered without network). The filesystem is the
+host's, read-only, with the worker's own files (its code base and ``var/``, its home, its
+credentials, the other workspaces) over-mounted by empty tmpfs, and only the call's own tree
+bound writable. ``/proc`` is mounted inside the new PID namespace, so the worker's processes
+and their environments do not exist there. bwrap's PID 1 exits when the command does, and the
+kernel then kills everything left in the namespace: ``setsid -f`` and double forks included.
+
+What bwrap cannot report: a command killed by a signal comes back as exit status 128+n, as a
+shell would show it, because bwrap turns the signal into that number itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+NAMESPACES = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-call rlimits, applied by prlimit(1) inside the sandbox; 0 means none.
+
+    RLIMIT_NPROC counts the processes of the sandbox's own user namespace (Linux 5.14+), so it
+    bounds one call's fork bomb; the kernel does not apply it to a worker running as root.
+    """
+
+    max_processes: int = 1024
+    max_file_bytes: int = 4 << 30
+    max_address_space_bytes: int = 16 << 30
+
+    def prlimit_args(self) -> list[str]:
+        pairs = (
+            ("--nproc", self.max_processes),
+            ("--fsize", self.max_file_bytes),
+            ("--as", self.max_address_space_bytes),
+        )
+        return [f"{flag}={value}" for flag, value in pairs if value > 0]
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How one worker confines its commands; the per-call part is given to ``argv``."""
+
+    bwrap: str
+    prlimit: str | None
+    # Directories over-mounted with an empty read-only tmpfs.
+    hidden: tuple[str, ...] = ()
+    # The worker's $HOME: a private, writable, empty tmpfs for each call.
+    home: str | None = None
+    # Shown again read-only inside a hidden directory: the toolchains on PATH under $HOME.
+    shown: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+
+    def argv(
+        self,
+        command: str,
+        *,
+        workspace_root: str,
+        worktree: str | None,
+        cwd: str,
+        network: bool,
+    ) -> list[str]:
+        writable = call_tree(workspace_root, worktree)
+        others = [p for p in self.hidden if p != workspace_root]
+        # A hidden path inside the workspace (a code base registered as one) is hidden last,
+        # over the workspace's own bind.
+        inside = [p for p in others if _within(p, workspace_root)]
+        args = [self.bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
+        if not network:
+            args.append("--unshare-net")
+        args += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        for path in others:
+            if path not in inside:
+                args += _hide(path)
+        if self.home and not _within(self.home, workspace_root):
+            args += ["--tmpfs", self.home]
+        for path in self.shown:
+            if os.path.exists(path):
+                args += ["--ro-bind", path, path]
+        # The workspace again, read-only, above whatever hid it (a home, the private /tmp).
+        args += ["--ro-bind", workspace_root, workspace_root]
+        for path in writable:
+            args += ["--bind", path, path]
+        for path in inside:
+            args += _hide(path)
+        args += ["--setenv", "TMPDIR", "/tmp", "--chdir", cwd, "--"]
+        if self.prlimit and self.limits.prlimit_args():
+            args += [self.prlimit, *self.limits.prlimit_args(), "--"]
+        return [*args, "/bin/sh", "-c", command]
+
+
+def call_tree(workspace_root: str, worktree: str | None) -> list[str]:
+    """The paths a call may write: the checkout, or a lane and the git metadata its commits
+    write. A lane's ``.git/worktrees/<name>`` holds its HEAD, index and their locks; commits
+    also write the shared objects, branch refs and reflogs. packed-refs and ``.git/config``
+    stay read-only: git rewrites them only to delete a ref or change configuration."""
+    if not worktree:
+        return [workspace_root]
+    git_dir = os.path.realpath(os.path.join(workspace_root, ".git"))
+    lane = os.path.realpath(os.path.join(workspace_root, ".worktrees", worktree))
+    admin = os.path.realpath(os.path.join(git_dir, "worktrees", worktree))
+    shared = [os.path.join(git_dir, name) for name in ("objects", "refs", "logs")]
+    return [lane, admin, *(p for p in shared if os.path.isdir(p))]
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def _hide(path: str) -> list[str]:
+    if os.path.isdir(path):
+        return ["--tmpfs", path, "--remount-ro", path]
+    return []
+
+
+class SandboxUnavailable(RuntimeError):
+    """bwrap is missing, or cannot create the namespaces a sandbox needs on this host."""
+
+
+def worker_sandbox(
+    *,
+    base_dir: str,
+    workspace_roots: list[str],
+    credential_files: list[str] | None = None,
+    home: str | None = None,
+    path_env: str | None = None,
+    limits: Limits | None = None,
+) -> Sandbox:
+    """The sandbox for a worker's commands, after a trial run proved it works here."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("bwrap is not installed (Debian/Ubuntu: apt install bubblewrap)")
+    failure = probe(bwrap)
+    if failure is not None:
+        raise SandboxUnavailable(f"a trial bwrap sandbox failed: {failure[:200]}")
+    home = os.path.realpath(home if home is not None else os.path.expanduser("~"))
+    # A credentials file is hidden with its whole directory: a bind over the file alone would
+    # leave the temporary files a rotation writes beside it readable.
+    secret_dirs = [os.path.dirname(os.path.realpath(f)) for f in credential_files or []]
+    if "/" in secret_dirs:
+        raise SandboxUnavailable("a credentials file directly under / cannot be hidden")
+    hidden = [os.path.realpath(base_dir), *secret_dirs]
+    hidden += [os.path.realpath(root) for root in workspace_roots]
+    shown: list[str] = []
+    if home == "/":
+        home = ""
+    else:
+        # Tools installed under $HOME (pyenv, cargo, nvm) must keep working: the top
+        # directory of each PATH entry there is shown again, and ~/.gitconfig for commits.
+        for entry in (path_env if path_env is not None else os.environ.get("PATH", "")).split(":"):
+            real = os.path.realpath(entry) if entry else ""
+            if not real or not _within(real, home) or real == home:
+                continue
+            top = os.path.join(home, os.path.relpath(real, home).split(os.sep)[0])
+            if not any(_within(h, top) for h in hidden) and top not in shown:
+                shown.append(top)
+        shown.append(os.path.join(home, ".gitconfig"))
+    return Sandbox(
+        bwrap=bwrap,
+        prlimit=shutil.which("prlimit"),
+        hidden=tuple(dict.fromkeys(hidden)),
+        home=home or None,
+        shown=tuple(shown),
+        limits=limits or Limits(),
+    )
+
+
+def probe(bwrap: str) -> str | None:
+    """None when a trial sandbox (with its own network namespace) runs here, else why not."""
+    trial = [bwrap, *NAMESPACES, "--unshare-net", "--die-with-parent", "--new-session"]
+    trial += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"]
+    try:
+        done = subprocess.run(trial, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode != 0:
+        return done.stderr.decode("utf-8", errors="replace").strip() or f"exit {done.returncode}"
+    return None
