@@ -224,8 +224,8 @@ def main() -> int:
     from django.conf import settings
     from livesupport import Worker, start_api
 
-    from admission.queue import SyncQueue
     from admission.management.commands.bootstrap import bootstrap
+    from admission.queue import SyncQueue
 
     prefix = settings.REDIS_KEY_PREFIX
     base = Path(tempfile.mkdtemp(prefix="sluice-soak-"))

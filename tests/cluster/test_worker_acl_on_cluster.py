@@ -16,10 +16,10 @@ from clusterkit import LocalCluster
 from livesupport import unique
 from redis.cluster import RedisCluster
 from security.secsupport import ThrowawayRedis
-from admission.management.commands.bootstrap import bootstrap
 
 from admission import connections
 from admission.credentials import acl_user_name
+from admission.management.commands.bootstrap import bootstrap
 from admission.queue import SyncQueue, worker_keys
 from workspaces.models import Worker
 

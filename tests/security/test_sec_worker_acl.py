@@ -25,9 +25,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from livesupport import PYTHON, ROOT, ApiServer, Process, git_workspace, start_api, unique
 from secsupport import EXECUTE, ThrowawayRedis, body, worker_queue
-from admission.management.commands.bootstrap import bootstrap
 
 from admission.credentials import acl_user_name
+from admission.management.commands.bootstrap import bootstrap
 from admission.queue import worker_keys
 from admission.workers_admin import worker_token_rotate
 from workspaces.models import Worker
@@ -166,6 +166,15 @@ def test_a_worker_with_only_its_credentials_file_serves_calls_and_reaches_nothin
             )
             assert ran.status_code == 200, ran.text
             assert ran.json()["stdout"] == "confined\n"
+            # The command runs sandboxed: the worker's credentials file is not there for it,
+            # though the worker itself reads it (the host can, as the first assertion shows).
+            assert account["worker_token"] in out.read_text()
+            peek = http.post(
+                EXECUTE, headers=headers, json=body("execute_command", command=f"cat {out}")
+            )
+            assert peek.status_code == 200, peek.text
+            assert peek.json()["exitCode"] != 0
+            assert account["worker_token"] not in peek.text
     finally:
         worker.stop()
 

@@ -26,7 +26,7 @@ from workspaces.runtime.config import (
     without_network,
 )
 from workspaces.runtime.control import ControlPlane, RegistrationRefused
-from workspaces.runtime.credfile import resolve_credentials
+from workspaces.runtime.credfile import default_path, resolve_credentials
 from workspaces.runtime.orphans import kill_orphans
 from workspaces.sandbox import Limits, Sandbox, SandboxUnavailable, worker_sandbox
 from workspaces.signing import signing_key_for_token
@@ -119,8 +119,15 @@ class Command(BaseCommand):
             )
         except WorkerConfigError as exc:
             raise CommandError(str(exc)) from None
+        # Commands never see the worker's credentials file (its whole directory is hidden).
+        credentials = options["credentials"] or str(default_path(options["worker_id"]))
         sandbox, workspaces = self._sandbox(
-            workspaces, limits, allow_unsandboxed=options["allow_unsandboxed_commands"]
+            workspaces,
+            limits,
+            allow_unsandboxed=options["allow_unsandboxed_commands"],
+            credential_files=[os.path.expanduser(credentials)]
+            if os.path.exists(os.path.expanduser(credentials))
+            else [],
         )
         if len(workspaces) > 1 and slots == 1:
             log.warning(
@@ -187,7 +194,12 @@ class Command(BaseCommand):
             self.stdout.write(f"worker {state.worker_id} deregistered")
 
     def _sandbox(
-        self, workspaces: list[WorkspaceRoot], limits: Limits, *, allow_unsandboxed: bool
+        self,
+        workspaces: list[WorkspaceRoot],
+        limits: Limits,
+        *,
+        allow_unsandboxed: bool,
+        credential_files: list[str],
     ) -> tuple[Sandbox | None, list[WorkspaceRoot]]:
         """The sandbox for commands, and the workspaces as they will be offered: without
         execute_command when there is no sandbox, unless the operator allowed that."""
@@ -195,6 +207,7 @@ class Command(BaseCommand):
             return worker_sandbox(
                 base_dir=str(settings.BASE_DIR),
                 workspace_roots=[w.root for w in workspaces],
+                credential_files=credential_files,
                 limits=limits,
             ), workspaces
         except SandboxUnavailable as exc:
