@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from sluice_client.protocol import OPERATIONS
+
+from workspaces.features import EDIT_FEATURES
+from workspaces.operations.instructions import instruction_files
 
 WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", re.ASCII)
 MAX_SLOTS = 64
@@ -56,6 +60,21 @@ def parse_workspaces(specs: list[str]) -> list[WorkspaceRoot]:
             if _inside(a.root, b.root) or _inside(b.root, a.root):
                 raise WorkerConfigError(f"workspaces {a.workspace_id} and {b.workspace_id} overlap")
     return roots
+
+
+def registration_workspaces(roots: list[WorkspaceRoot], *, lanes: bool) -> list[dict[str, Any]]:
+    """The `workspaces` of a registration body (§4.1, §2.2.1). Instruction files are read now,
+    so each (re-)registration advertises what the roots hold at that moment."""
+    return [
+        {
+            "workspaceId": w.workspace_id,
+            "operations": sorted(w.operations),
+            "linkedWorktreeLanes": lanes,
+            "editFeatures": list(EDIT_FEATURES),
+            "instructionFiles": instruction_files(w.root),
+        }
+        for w in roots
+    ]
 
 
 def _inside(child: str, parent: str) -> bool:

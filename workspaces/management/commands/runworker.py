@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +21,7 @@ from workspaces.runtime.config import (
     check_slots,
     default_slots,
     parse_workspaces,
+    registration_workspaces,
 )
 from workspaces.runtime.control import ControlPlane, RegistrationRefused
 from workspaces.runtime.orphans import kill_orphans
@@ -76,16 +78,12 @@ class Command(BaseCommand):
         control = ControlPlane(
             options["api"], worker_id=options["worker_id"], token=options["token"]
         )
-        offered = [
-            {
-                "workspaceId": w.workspace_id,
-                "operations": sorted(w.operations),
-                "linkedWorktreeLanes": lanes,
-            }
-            for w in workspaces
-        ]
+
+        def offered() -> list[dict[str, Any]]:
+            return registration_workspaces(workspaces, lanes=lanes)
+
         try:
-            answer = control.register(workspaces=offered, slots=slots)
+            answer = control.register(workspaces=offered(), slots=slots)
         except RegistrationRefused as exc:
             raise CommandError(str(exc)) from None
         state = worker_state.WorkerState(
@@ -144,7 +142,7 @@ class Command(BaseCommand):
         control: ControlPlane,
         state: worker_state.WorkerState,
         stop: threading.Event,
-        offered: list[dict[str, Any]],
+        offered: Callable[[], list[dict[str, Any]]],
         slots: int,
     ) -> None:
         while not stop.wait(settings.WORKER_HEARTBEAT_S):
@@ -157,7 +155,7 @@ class Command(BaseCommand):
                 # The registration expired or Redis restarted empty: come back as a new
                 # incarnation. Assignments for the old one are dropped as stale from now on.
                 try:
-                    answer = control.register(workspaces=offered, slots=slots, attempts=3)
+                    answer = control.register(workspaces=offered(), slots=slots, attempts=3)
                 except RegistrationRefused:
                     log.error("registration lost and refused again; shutting down")
                     os.kill(os.getpid(), signal.SIGTERM)
