@@ -10,7 +10,7 @@ rules are ported; the names and structure are ours.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_READ_BYTES = 1024 * 1024
 INSTRUCTION_MAX_BYTES = 32 * 1024
@@ -27,7 +27,7 @@ READ_KEYS = {
 }
 
 
-def _int(value: object) -> bool:
+def _int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -59,7 +59,6 @@ def read_result_problem(request: Mapping[str, Any], result: Mapping[str, Any]) -
     start = request.get("startLine", 1)
     max_lines = request.get("maxLines", 200)
     end = result.get("endLine")
-    assert isinstance(start, int) and isinstance(max_lines, int)
     if not isinstance(result.get("truncated"), bool):
         return "truncated is not a boolean"
     if _utf8_bytes(content) > MAX_READ_BYTES:
