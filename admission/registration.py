@@ -6,7 +6,7 @@ Postgres keeps what a worker offers; Redis (admission/queue.py) keeps its live i
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
@@ -27,6 +27,9 @@ class OfferedWorkspace:
     workspace_id: str
     operations: list[str]
     linked_worktree_lanes: bool
+    # §2.2.1; None: the worker sent no editFeatures (an older worker, see workspaces.features).
+    edit_features: list[str] | None = None
+    instruction_files: list[dict[str, object]] = field(default_factory=list)
 
 
 def _ttl_ms() -> int:
@@ -63,6 +66,8 @@ def worker_register(
                 workspace_id=w.workspace_id,
                 operations=sorted(w.operations),
                 linked_worktree_lanes=w.linked_worktree_lanes,
+                edit_features=None if w.edit_features is None else sorted(w.edit_features),
+                instruction_files=w.instruction_files,
             )
             for w in workspaces
         )

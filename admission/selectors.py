@@ -19,6 +19,7 @@ from workspaces.access import (
     key_owner_sql,
     key_param,
 )
+from workspaces.features import effective_edit_features
 from workspaces.models import Worker, WorkerWorkspace
 
 
@@ -33,6 +34,8 @@ class Target:
     operations: frozenset[str]
     linked_worktree_lanes: bool
     quarantined: bool
+    edit_features: frozenset[str] = frozenset()
+    instruction_files: frozenset[str] = frozenset()  # paths the worker advertised (§2.2.1)
 
 
 @cache
@@ -42,6 +45,7 @@ def _target_parts() -> tuple[str, str]:
     offer, quarantine = WorkerWorkspace._meta.db_table, Quarantine._meta.db_table
     columns = (
         "w.worker_id, w.incarnation_id, w.token_hash, o.operations, o.linked_worktree_lanes, "
+        "o.edit_features, o.instruction_files, "
         f"EXISTS (SELECT 1 FROM {quarantine} q WHERE q.worker_id = w.worker_id "
         "AND q.isolation_key_hash = %(key_hash)s AND q.released_at IS NULL)"
     )
@@ -71,11 +75,15 @@ def _call_sql() -> str:
 
 
 def _target(row: tuple[Any, ...]) -> Target | None:
-    worker_id, incarnation_id, token_hash, operations, lanes, quarantined = row
+    worker_id, incarnation_id, token_hash, operations, lanes, features, files, quarantined = row
     if worker_id is None:
         return None
     if isinstance(operations, str):
         operations = json.loads(operations)
+    if isinstance(features, str):
+        features = json.loads(features)
+    if isinstance(files, str):
+        files = json.loads(files)
     return Target(
         worker_id=worker_id,
         incarnation_id=incarnation_id,
@@ -84,6 +92,8 @@ def _target(row: tuple[Any, ...]) -> Target | None:
         operations=frozenset(operations or ()),
         linked_worktree_lanes=bool(lanes),
         quarantined=bool(quarantined),
+        edit_features=effective_edit_features(features),
+        instruction_files=frozenset(str(f["path"]) for f in files or ()),
     )
 
 

@@ -35,6 +35,7 @@ from admission.ratelimit import RateDecision, RateLimiter
 from admission.selectors import Target, call_target
 from workspaces.access import Caller
 from workspaces.dispatch import assignment_dispatch
+from workspaces.features import offer_gap, request_needs
 from workspaces.secrets import keyed_hash
 from workspaces.signing import sign, signing_key, unsigned, verify
 
@@ -81,6 +82,15 @@ def check_target(call: Call, target: Target | None) -> Target:
     if call.operation not in target.operations:
         raise refusals.worker_mismatch(
             f"Worker {call.worker_id} does not offer {call.operation} on workspace {workspace}"
+        )
+    gap = offer_gap(
+        request_needs(call.request),
+        edit_features=target.edit_features,
+        instruction_files=target.instruction_files,
+    )
+    if gap is not None:
+        raise refusals.worker_mismatch(
+            f"Worker {call.worker_id} does not offer {gap} on workspace {workspace}"
         )
     if call.request.get("worktree") and not target.linked_worktree_lanes:
         raise refusals.worker_mismatch(

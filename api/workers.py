@@ -9,7 +9,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
-from sluice_protocol import OPERATIONS
+from sluice_protocol import INSTRUCTION_FILES, INSTRUCTION_MAX_BYTES, OPERATIONS
 
 from admission.refusals import Refusal
 from admission.registration import (
@@ -20,6 +20,7 @@ from admission.registration import (
     worker_register,
 )
 from api.authentication import WorkerTokenAuthentication
+from workspaces.features import EDIT_FEATURES
 from workspaces.runtime.config import MAX_SLOTS, WORKSPACE_ID
 
 
@@ -69,12 +70,39 @@ class StrictRegexField(StrictStringMixin, serializers.RegexField):
     pass
 
 
+class InstructionFileSerializer(StrictSerializer):
+    path = serializers.ChoiceField(sorted(INSTRUCTION_FILES))
+    bytes = StrictIntegerField(min_value=0, max_value=INSTRUCTION_MAX_BYTES)
+    sha256 = StrictRegexField(r"^[0-9a-f]{64}\Z")
+
+
 class OfferedWorkspaceSerializer(StrictSerializer):
     workspaceId = StrictRegexField(WORKSPACE_ID.pattern + r"\Z")
     operations = serializers.ListField(
         child=serializers.ChoiceField(sorted(OPERATIONS)), min_length=1, max_length=len(OPERATIONS)
     )
     linkedWorktreeLanes = StrictBooleanField(default=False)
+    # §2.2.1. Absent (an older worker) is not the same as [] (a worker that offers none).
+    editFeatures = serializers.ListField(
+        child=serializers.ChoiceField(list(EDIT_FEATURES)),
+        max_length=len(EDIT_FEATURES),
+        required=False,
+    )
+    instructionFiles = serializers.ListField(
+        child=InstructionFileSerializer(),
+        max_length=len(INSTRUCTION_FILES),
+        default=list,
+    )
+
+    def validate_editFeatures(self, value: list[str]) -> list[str]:
+        if len(value) != len(set(value)):
+            raise serializers.ValidationError("edit features must be unique")
+        return value
+
+    def validate_instructionFiles(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if len({f["path"] for f in value}) != len(value):
+            raise serializers.ValidationError("instruction file paths must be unique")
+        return value
 
 
 class RegisterSerializer(StrictSerializer):
@@ -117,7 +145,11 @@ class WorkerRegisterApi(_WorkerApi):
         worker = _own_worker(request, data.validated_data["workerId"])
         offered = [
             OfferedWorkspace(
-                w["workspaceId"], sorted(set(w["operations"])), w["linkedWorktreeLanes"]
+                w["workspaceId"],
+                sorted(set(w["operations"])),
+                w["linkedWorktreeLanes"],
+                edit_features=w.get("editFeatures"),
+                instruction_files=[dict(f) for f in w["instructionFiles"]],
             )
             for w in data.validated_data["workspaces"]
         ]

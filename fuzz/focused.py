@@ -193,6 +193,9 @@ VALID_BODIES = st.sampled_from(
         _body("preview_edit", path="README.md", edits=[{"oldText": "hello", "newText": "hi", "replaceAll": False}]),
         _body("edit_file", path="src/app.py", edits=[{"oldText": "hello", "newText": "hello"}], expectedBaseSha256="0" * 64),
         _body("execute_command", command="true", cwd="src", timeoutMs=5000, maxOutputBytes=100),
+        # §2.2.1 fields: tolerant matching, and an instruction read the worker may not offer.
+        _body("preview_edit", path="README.md", edits=[{"oldText": "hello  ", "newText": "hi"}], matching="tolerant"),
+        _body("read_file", path="AGENTS.md", instructionSha256="0" * 64),
     ]
 )  # fmt: skip
 RAW_BODIES = st.one_of(

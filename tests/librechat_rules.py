@@ -10,7 +10,7 @@ rules are ported; the names and structure are ours.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 MAX_READ_BYTES = 1024 * 1024
 INSTRUCTION_MAX_BYTES = 32 * 1024
@@ -27,7 +27,7 @@ READ_KEYS = {
 }
 
 
-def _int(value: object) -> bool:
+def _int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -88,3 +88,71 @@ def read_result_problem(request: Mapping[str, Any], result: Mapping[str, Any]) -
 def assert_librechat_accepts_read(request: Mapping[str, Any], result: Mapping[str, Any]) -> None:
     problem = read_result_problem(request, result)
     assert problem is None, f"LibreChat would refuse this read: {problem}"
+
+
+WRITE_MAX_BYTES = 1024 * 1024
+STRATEGIES = {"exact", "line-trimmed", "whitespace-normalized", "indentation-flexible"}
+EDIT_KEYS = {"protocolVersion", "operation", "workspaceId", "path", "replacements"}
+EDIT_KEYS |= {"bytesWritten", "matches"}
+PREVIEW_KEYS = EDIT_KEYS | {"content", "hasUtf8Bom", "baseSha256"}
+
+
+def _asks_for_matches(request: Mapping[str, Any]) -> bool:
+    return "matching" in request or any("replaceAll" in edit for edit in request["edits"])
+
+
+def _matches_problem(request: Mapping[str, Any], matches: object) -> str | None:
+    """areValidEditMatches: present exactly when asked, one per edit, named strategies,
+    `exact` unless tolerant, one occurrence unless that edit has replaceAll: true."""
+    if not _asks_for_matches(request):
+        return None if matches is None else "matches although the request did not ask"
+    edits = request["edits"]
+    if not isinstance(matches, list) or len(matches) != len(edits):
+        return "matches must be a list with one entry per edit"
+    for index, match in enumerate(matches):
+        if not isinstance(match, dict) or set(match) - {"strategy", "occurrences"}:
+            return f"matches[{index}] has other keys"
+        strategy, occurrences = match.get("strategy"), match.get("occurrences")
+        if strategy not in STRATEGIES:
+            return f"matches[{index}].strategy {strategy!r}"
+        if request.get("matching") != "tolerant" and strategy != "exact":
+            return f"matches[{index}].strategy must be exact"
+        if not _int(occurrences) or occurrences < 1:
+            return f"matches[{index}].occurrences must be a positive integer"
+        if edits[index].get("replaceAll") is not True and occurrences != 1:
+            return f"matches[{index}].occurrences must be 1 without replaceAll"
+    return None
+
+
+def edit_result_problem(request: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+    """Why LibreChat would refuse this preview_edit or edit_file answer, or None."""
+    operation = request["operation"]
+    if result.get("protocolVersion") != 1 or result.get("operation") != operation:
+        return "protocolVersion/operation"
+    if result.get("workspaceId") != request["workspaceId"]:
+        return "workspaceId"
+    keys = PREVIEW_KEYS if operation == "preview_edit" else EDIT_KEYS
+    if set(result) - keys:
+        return f"unknown keys {sorted(set(result) - keys)}"
+    if result.get("path") != request["path"]:
+        return "path"
+    if result.get("replacements") != len(request["edits"]):
+        return "replacements must equal the number of edits"
+    written = result.get("bytesWritten")
+    if not _int(written) or not 0 <= written <= WRITE_MAX_BYTES:
+        return "bytesWritten"
+    if operation == "preview_edit":
+        content = result.get("content")
+        if not isinstance(content, str) or not isinstance(result.get("hasUtf8Bom"), bool):
+            return "content/hasUtf8Bom"
+        sha = result.get("baseSha256")
+        if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef"):
+            return "baseSha256"
+        if written != _utf8_bytes(content) + (3 if result["hasUtf8Bom"] else 0):
+            return "bytesWritten must be the content's UTF-8 bytes plus a BOM"
+    return _matches_problem(request, result.get("matches"))
+
+
+def assert_librechat_accepts_edit(request: Mapping[str, Any], result: Mapping[str, Any]) -> None:
+    problem = edit_result_problem(request, result)
+    assert problem is None, f"LibreChat would refuse this edit answer: {problem}"

@@ -126,6 +126,10 @@ class WorkerWorkspace(models.Model):
     workspace_id = models.CharField(max_length=128)
     operations = models.JSONField(default=list)
     linked_worktree_lanes = models.BooleanField(default=False)
+    # §2.2.1 as advertised at registration. edit_features NULL: an old worker that sent none
+    # (see workspaces.features). instruction_files: [{"path", "bytes", "sha256"}, ...].
+    edit_features = models.JSONField(null=True, blank=True, default=None)
+    instruction_files = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["worker__worker_id", "workspace_id"]

@@ -23,7 +23,12 @@ EXECUTE_SERVICE_CODES: list[tuple[int, str, str, str]] = [
     (400, "INVALID_REQUEST", "the body is not JSON", "no"),
     (401, "UNAUTHENTICATED", "missing or unknown API key", "no"),
     (404, "WORKER_NOT_FOUND", "unknown worker, or another tenant's", "no"),
-    (409, "WORKER_MISMATCH", "workspace, operation or lane not offered", "no"),
+    (
+        409,
+        "WORKER_MISMATCH",
+        "workspace, operation, lane, edit feature or instruction file not offered",
+        "no",
+    ),
     (409, "WORKSPACE_QUARANTINED", "the isolation key is quarantined", "no"),
     (409, "REQUEST_CANCELLED", "cancelled by DELETE while it waited", "no"),
     (413, "REQUEST_TOO_LARGE", "body over the limit", "no"),

@@ -65,7 +65,34 @@ _EDITS: Schema = {
         "properties": {
             "oldText": _utf8(p.MAX_EDIT_TEXT_BYTES, minLength=1),
             "newText": _utf8(p.MAX_EDIT_TEXT_BYTES),
-            "replaceAll": {**BOOLEAN, "default": False},
+            "replaceAll": {
+                **BOOLEAN,
+                "description": "Replace every occurrence (else oldText must occur exactly once). "
+                "Naming it at all, even false, asks for `matches` in the result.",
+            },
+        },
+    },
+}
+_MATCHING: Schema = {
+    "type": "string",
+    "enum": sorted(p.EDIT_MATCHING),
+    "description": "exact (the default) or tolerant: when the exact text is not found, try "
+    + ", ".join(p.TOLERANT_STRATEGIES)
+    + " in this order. Naming it asks for `matches` in the result.",
+}
+_MATCHES: Schema = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": p.MAX_EDITS,
+    "description": "One per edit, in request order; present exactly when the request set "
+    "matching or any replaceAll.",
+    "items": {
+        "type": "object",
+        "required": ["strategy", "occurrences"],
+        "additionalProperties": False,
+        "properties": {
+            "strategy": {"type": "string", "enum": sorted(p.EDIT_MATCH_STRATEGIES)},
+            "occurrences": integer(1),
         },
     },
 }
@@ -86,6 +113,12 @@ _OPERATION_REQUEST_SCHEMAS: dict[str, dict[str, Schema]] = {
         "path": _PATH,
         "startLine": integer(1),
         "maxLines": integer(1, p.MAX_READ_LINES),
+        "instructionSha256": string(
+            "sha256",
+            description="An instruction read: path AGENTS.md or CLAUDE.md, no startLine or "
+            "maxLines, no worktree; the whole file (at most "
+            f"{p.INSTRUCTION_MAX_BYTES} bytes) when its SHA-256 is this one.",
+        ),
     },
     "list_files": {
         "path": _PATH_OR_ROOT,
@@ -102,8 +135,13 @@ _OPERATION_REQUEST_SCHEMAS: dict[str, dict[str, Schema]] = {
         "content": _utf8(p.MAX_WRITE_BYTES),
         "overwrite": BOOLEAN,
     },
-    "preview_edit": {"path": _PATH, "edits": _EDITS},
-    "edit_file": {"path": _PATH, "edits": _EDITS, "expectedBaseSha256": string("sha256")},
+    "preview_edit": {"path": _PATH, "edits": _EDITS, "matching": _MATCHING},
+    "edit_file": {
+        "path": _PATH,
+        "edits": _EDITS,
+        "matching": _MATCHING,
+        "expectedBaseSha256": string("sha256"),
+    },
     "execute_command": {
         "command": {
             **_utf8(p.MAX_COMMAND_BYTES, minLength=1, pattern=PATTERNS["command"]),
@@ -164,8 +202,14 @@ _OPERATION_RESULT_SCHEMAS: dict[str, dict[str, Schema]] = {
         "baseSha256": string("sha256"),
         "replacements": integer(1),
         "bytesWritten": integer(0),
+        "matches": _MATCHES,
     },
-    "edit_file": {"path": _PATH, "replacements": integer(1), "bytesWritten": integer(0)},
+    "edit_file": {
+        "path": _PATH,
+        "replacements": integer(1),
+        "bytesWritten": integer(0),
+        "matches": _MATCHES,
+    },
     "execute_command": {
         "exitCode": {"type": ["integer", "null"]},
         "signal": string("signal"),
@@ -212,7 +256,15 @@ def _object_from_fields(
 def request_schema(operation: str) -> Schema:
     fields = {**p._COMMON_REQUEST_FIELDS, **p._OPERATION_REQUEST_FIELDS[operation]}
     schemas = {**_COMMON_REQUEST_SCHEMAS, **_OPERATION_REQUEST_SCHEMAS[operation]}
-    return _object_from_fields(operation, fields, schemas, "Request")
+    schema = _object_from_fields(operation, fields, schemas, "Request")
+    if operation == "read_file":
+        # §2.2.1: an instruction read is the whole AGENTS.md or CLAUDE.md of the checkout.
+        schema["if"] = {"required": ["instructionSha256"]}
+        schema["then"] = {
+            "properties": {"path": {"enum": sorted(p.INSTRUCTION_FILES)}},
+            "not": {"anyOf": [{"required": [k]} for k in ("startLine", "maxLines", "worktree")]},
+        }
+    return schema
 
 
 def result_schema(operation: str) -> Schema:

@@ -177,8 +177,9 @@ def test_edit_file_builds_a_single_edit_from_old_and_new(cli: Cli) -> None:
         "operation": "edit_file",
         "workspaceId": "ws",
         "path": "a",
-        "replacements": 3,
+        "replacements": 1,
         "bytesWritten": 9,
+        "matches": [{"strategy": "exact", "occurrences": 3}],
     }
     cli.script.then(ok(result))
     argv = [

@@ -237,7 +237,7 @@ HELPERS: list[tuple[Callable[[Any], Any], dict[str, Any], dict[str, Any]]] = [
     ),
     (
         lambda c: c.preview_edit("ws", "a.txt", [EDIT]),
-        {"operation": "preview_edit", "path": "a.txt", "edits": [{**EDIT, "replaceAll": False}]},
+        {"operation": "preview_edit", "path": "a.txt", "edits": [EDIT]},
         {
             "path": "a.txt",
             "content": "b",
@@ -252,7 +252,7 @@ HELPERS: list[tuple[Callable[[Any], Any], dict[str, Any], dict[str, Any]]] = [
         {
             "operation": "edit_file",
             "path": "a.txt",
-            "edits": [{**EDIT, "replaceAll": False}],
+            "edits": [EDIT],
             "expectedBaseSha256": SHA,
             "worktree": "lane-1",
         },

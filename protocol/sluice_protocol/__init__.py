@@ -53,6 +53,13 @@ DEFAULT_SEARCH_RESULTS = 50
 MAX_EDITS = 100
 # Not in the contract: a sanity bound so one edit cannot carry more than a whole write.
 MAX_EDIT_TEXT_BYTES = 1024 * 1024
+# §2.2.1 instruction reads: the two names a worker may serve whole, and their size bound.
+INSTRUCTION_FILES = frozenset({"AGENTS.md", "CLAUDE.md"})
+INSTRUCTION_MAX_BYTES = 32 * 1024
+EDIT_MATCHING = frozenset({"exact", "tolerant"})
+# The order a tolerant edit tries them in, after `exact`.
+TOLERANT_STRATEGIES = ("line-trimmed", "whitespace-normalized", "indentation-flexible")
+EDIT_MATCH_STRATEGIES = frozenset({"exact", *TOLERANT_STRATEGIES})
 MAX_ERROR_CHARS = 4096
 
 INVALID_TOOL_REQUEST = "INVALID_WORKSPACE_TOOL_REQUEST"
@@ -365,7 +372,9 @@ _EDITS = _list_of(
         {
             "oldText": _required(_text(min_chars=1, max_bytes=MAX_EDIT_TEXT_BYTES)),
             "newText": _required(_text(max_bytes=MAX_EDIT_TEXT_BYTES)),
-            "replaceAll": _defaults_to(_boolean, False),
+            # Optional without a default: a request that names replaceAll at all (even false)
+            # asks for `matches` in its result, as LibreChat's client expects (§2.2.1).
+            "replaceAll": _optional(_boolean),
         }
     ),
     min_items=1,
@@ -379,6 +388,7 @@ _OPERATION_REQUEST_FIELDS: dict[str, dict[str, _Field]] = {
         "path": _required(_PATH),
         "startLine": _defaults_to(_integer(1), 1),
         "maxLines": _defaults_to(_integer(1, MAX_READ_LINES), DEFAULT_READ_LINES),
+        "instructionSha256": _optional(_SHA256_HEX),
     },
     "list_files": {
         "path": _defaults_to(_PATH_OR_ROOT, ""),
@@ -395,10 +405,15 @@ _OPERATION_REQUEST_FIELDS: dict[str, dict[str, _Field]] = {
         "content": _required(_text(max_bytes=MAX_WRITE_BYTES)),
         "overwrite": _defaults_to(_boolean, False),
     },
-    "preview_edit": {"path": _required(_PATH), "edits": _required(_EDITS)},
+    "preview_edit": {
+        "path": _required(_PATH),
+        "edits": _required(_EDITS),
+        "matching": _optional(_one_of(EDIT_MATCHING)),
+    },
     "edit_file": {
         "path": _required(_PATH),
         "edits": _required(_EDITS),
+        "matching": _optional(_one_of(EDIT_MATCHING)),
         # Lowercase only: it is compared with the hexdigest the worker computes.
         "expectedBaseSha256": _optional(_SHA256_HEX),
     },
@@ -432,9 +447,40 @@ def validate_request(body: object) -> dict[str, object]:
             if key not in body:
                 raise _Invalid(f"missing field {key}")
             _COMMON_REQUEST_FIELDS[key].check(key, body[key])
-        return _check_object("", body, _REQUEST_FIELDS[body["operation"]])
+        checked = _check_object("", body, _REQUEST_FIELDS[body["operation"]])
+        if "instructionSha256" in checked:
+            _check_instruction_read(body, checked)
+        return checked
     except _Invalid as exc:
         raise ProtocolError(INVALID_TOOL_REQUEST, str(exc)) from None
+
+
+def is_instruction_read(request: Mapping[str, object]) -> bool:
+    """A validated read_file that asks for a whole instruction file (§2.2.1)."""
+    return request.get("operation") == "read_file" and "instructionSha256" in request
+
+
+def edit_reports_matches(request: Mapping[str, object]) -> bool:
+    """Whether an edit request opted into per-edit `matches` in its result (§2.2.1): it named
+    `matching`, or `replaceAll` on any edit, whatever the value."""
+    edits = request.get("edits")
+    return "matching" in request or (
+        isinstance(edits, list) and any(isinstance(e, dict) and "replaceAll" in e for e in edits)
+    )
+
+
+def _check_instruction_read(body: Mapping[str, object], checked: dict[str, object]) -> None:
+    # Judged on what the caller sent, not on the filled-in defaults: an instruction read is
+    # the whole file, so a window of any kind (even the default one spelled out) is refused.
+    if checked["path"] not in INSTRUCTION_FILES:
+        raise _Invalid("instructionSha256 is only allowed with path AGENTS.md or CLAUDE.md")
+    for key in ("startLine", "maxLines"):
+        if key in body:
+            raise _Invalid(f"instructionSha256 does not combine with {key}")
+    if "worktree" in body:
+        # LibreChat never routes an instruction read to a lane; the file is the checkout's.
+        raise _Invalid("instructionSha256 does not combine with worktree")
+    del checked["startLine"], checked["maxLines"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -539,6 +585,19 @@ _COMMON_RESULT_FIELDS: dict[str, _Field] = {
     "workspaceId": _required(_text(max_chars=128)),
 }
 
+# One per edit; whether it may appear at all, and which values fit which edit, is decided
+# against the request in _edit_matches_agree.
+_EDIT_MATCHES = _list_of(
+    _object(
+        {
+            "strategy": _required(_one_of(EDIT_MATCH_STRATEGIES)),
+            "occurrences": _required(_integer(1)),
+        }
+    ),
+    min_items=1,
+    max_items=MAX_EDITS,
+)
+
 _OPERATION_RESULT_FIELDS: dict[str, dict[str, _Field]] = {
     "read_file": {
         "path": _required(_PATH),
@@ -585,11 +644,13 @@ _OPERATION_RESULT_FIELDS: dict[str, dict[str, _Field]] = {
         "baseSha256": _required(_SHA256_HEX),
         "replacements": _required(_integer(1)),
         "bytesWritten": _required(_integer(0)),
+        "matches": _optional(_EDIT_MATCHES),
     },
     "edit_file": {
         "path": _required(_PATH),
         "replacements": _required(_integer(1)),
         "bytesWritten": _required(_integer(0)),
+        "matches": _optional(_EDIT_MATCHES),
     },
     "execute_command": {
         "exitCode": _required(_nullable(_integer())),
@@ -636,8 +697,27 @@ def _check_continuation(result: Mapping[str, object], key: str, expected: object
         raise _Invalid(f"{key} is only allowed when truncated")
 
 
+def _instruction_read_agrees(result: Mapping[str, object]) -> None:
+    """§2.2.1: the whole file, exact text, final newline kept; endLine counts the pieces
+    content splits into, so a file ending in a newline counts the empty piece after it."""
+    content = _get(result, "content", str)
+    if _utf8_length(content) is None or len(content.encode("utf-8")) > INSTRUCTION_MAX_BYTES:
+        raise _Invalid(f"an instruction read holds at most {INSTRUCTION_MAX_BYTES} bytes")
+    if _get(result, "startLine", int) != 1:
+        raise _Invalid("an instruction read starts at line 1")
+    if _get(result, "endLine", int) != content.count("\n") + 1:
+        raise _Invalid("an instruction read's endLine must be the number of pieces of content")
+    # Stricter than LibreChat (which takes either boolean): Sluice serves the whole file or
+    # refuses it, so a truncated instruction read cannot be one of ours.
+    if _get(result, "truncated", bool) or "nextStartLine" in result:
+        raise _Invalid("an instruction read is never truncated")
+
+
 def _read_file_agrees(request: Mapping[str, object], result: Mapping[str, object]) -> None:
     """§2.2 line windows, the equalities LibreChat's client checks on every read."""
+    if is_instruction_read(request):
+        _instruction_read_agrees(result)
+        return
     start, max_lines = _get(request, "startLine", int), _get(request, "maxLines", int)
     if _get(result, "startLine", int) != start:
         raise _Invalid("startLine differs from the request")
@@ -690,15 +770,41 @@ def _write_file_agrees(request: Mapping[str, object], result: Mapping[str, objec
         raise _Invalid("created is false although overwrite was not allowed")
 
 
+def _edit_matches_agree(request: Mapping[str, object], result: Mapping[str, object]) -> None:
+    """§2.2.1, as LibreChat's areValidEditMatches reads it: `matches` is present exactly when
+    the request asked, one per edit, `exact` unless matching was tolerant, and more than one
+    occurrence only for a replaceAll edit."""
+    if not edit_reports_matches(request):
+        if "matches" in result:
+            raise _Invalid("matches is only allowed when the request set matching or replaceAll")
+        return
+    if "matches" not in result:
+        raise _Invalid("a request that sets matching or replaceAll must get matches")
+    edits: list[dict[str, object]] = _get(request, "edits", list)
+    matches: list[dict[str, object]] = _get(result, "matches", list)
+    if len(matches) != len(edits):
+        raise _Invalid("matches must hold one entry per edit")
+    tolerant = request.get("matching") == "tolerant"
+    for index, (edit, match) in enumerate(zip(edits, matches, strict=True)):
+        if not tolerant and match["strategy"] != "exact":
+            raise _Invalid(f"matches[{index}].strategy must be exact without tolerant matching")
+        if edit.get("replaceAll") is not True and match["occurrences"] != 1:
+            raise _Invalid(f"matches[{index}].occurrences must be 1 without replaceAll")
+
+
 def _edit_agrees(request: Mapping[str, object], result: Mapping[str, object]) -> None:
     edits: list[dict[str, object]] = _get(request, "edits", list)
-    replacements = _get(result, "replacements", int)
-    if replacements < len(edits):
-        raise _Invalid("replacements is fewer than the edits applied")
-    # An edit without replaceAll replaces exactly one occurrence (or the call fails), so
-    # only replaceAll edits can add to the count.
-    if not any(edit.get("replaceAll") for edit in edits) and replacements != len(edits):
-        raise _Invalid("replacements differs from the number of single edits")
+    # Edits applied, not occurrences replaced (those go in `matches`): an edit either applies
+    # or the whole call fails, so the count is always the number sent.
+    if _get(result, "replacements", int) != len(edits):
+        raise _Invalid("replacements differs from the number of edits sent")
+    if result.get("operation") == "preview_edit":
+        expected = len(_get(result, "content", str).encode("utf-8")) + (
+            3 if _get(result, "hasUtf8Bom", bool) else 0
+        )
+        if _get(result, "bytesWritten", int) != expected:
+            raise _Invalid("bytesWritten differs from the size of the previewed content")
+    _edit_matches_agree(request, result)
 
 
 def _execute_command_agrees(request: Mapping[str, object], result: Mapping[str, object]) -> None:

@@ -142,11 +142,12 @@ def test_every_path_field_refuses_unsafe_paths(
         ),
         (
             request("preview_edit", path="a", edits=[{"oldText": "o", "newText": "n"}]),
-            {"path": "a", "edits": [{"oldText": "o", "newText": "n", "replaceAll": False}]},
+            # replaceAll gets no default: naming it at all asks for `matches` (§2.2.1).
+            {"path": "a", "edits": [{"oldText": "o", "newText": "n"}]},
         ),
         (
             request("edit_file", path="a", edits=[{"oldText": "o", "newText": ""}]),
-            {"path": "a", "edits": [{"oldText": "o", "newText": "", "replaceAll": False}]},
+            {"path": "a", "edits": [{"oldText": "o", "newText": ""}]},
         ),
         (
             request("execute_command", command="ls"),
@@ -964,13 +965,21 @@ def test_hostile_preview_edit_result_is_refused(changes: dict[str, object]) -> N
     assert_result_invalid("preview_edit", **changes)
 
 
-def test_replace_all_edits_may_count_many_replacements() -> None:
+def test_replace_all_counts_occurrences_in_matches_not_in_replacements() -> None:
     edits = [{"oldText": "a", "newText": "b", "replaceAll": True}]
     body = validate_request(request("edit_file", path="a.txt", edits=edits))
-    result = {**common("edit_file"), "path": "a.txt", "replacements": 7, "bytesWritten": 9}
+    matches = [{"strategy": "exact", "occurrences": 7}]
+    result = {
+        **common("edit_file"),
+        "path": "a.txt",
+        "replacements": 1,
+        "bytesWritten": 9,
+        "matches": matches,
+    }
     validate_result(body, result)
-    with pytest.raises(ProtocolError):
-        validate_result(body, {**result, "replacements": 0})
+    for replacements in (0, 7):
+        with pytest.raises(ProtocolError):
+            validate_result(body, {**result, "replacements": replacements})
 
 
 @pytest.mark.parametrize(

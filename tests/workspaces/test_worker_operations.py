@@ -168,9 +168,10 @@ def test_preview_edit_reports_and_keeps_a_utf8_bom(http, owner, worker, repo):
     ) == (
         "b b b\n",
         True,
-        3,
+        1,  # edits applied; the three occurrences are in matches (§2.2.1)
         9,
     )
+    assert preview["matches"] == [{"strategy": "exact", "occurrences": 3}]
 
 
 def test_edit_file_applies_edits_only_against_the_expected_base(http, owner, worker, repo):

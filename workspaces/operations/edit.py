@@ -1,7 +1,10 @@
-"""preview_edit and edit_file: exact-text replacements applied in order.
+"""preview_edit and edit_file: replacements applied in order, each seeing the edits before it.
 
-Matching is exact, line endings included: a CRLF file is matched and kept as CRLF, and an
-``oldText`` written with bare ``\\n`` does not match it (EDIT_CONFLICT rather than a guess).
+Matching is exact by default, line endings included: a CRLF file is matched and kept as CRLF,
+and an ``oldText`` written with bare ``\\n`` does not match it (EDIT_CONFLICT rather than a
+guess). ``matching: "tolerant"`` falls back to the whitespace-tolerant strategies of
+``matching.py`` (contract §2.2.1). Either way an edit applies exactly once, or to every
+occurrence with ``replaceAll``, or the whole call fails and nothing is written.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import stat
 from dataclasses import dataclass
 from typing import cast
 
+from sluice_protocol import edit_reports_matches
+
 from workspaces.operations.errors import OperationError, check_deadline
 from workspaces.operations.files import atomic_write
+from workspaces.operations.matching import apply_one
 from workspaces.operations.paths import describe, open_regular, resolve_for_write
 
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -32,28 +38,28 @@ class EditPlan:
     new_text: str
     new_bytes: bytes
     replacements: int
+    # Per edit, in request order; None when the request did not ask for them (§2.2.1).
+    matches: list[dict[str, object]] | None
 
 
-def _apply(text: str, edits: list[dict[str, object]], rel: str) -> tuple[str, int]:
-    total = 0
+def _apply(
+    text: str, edits: list[dict[str, object]], rel: str, *, tolerant: bool
+) -> tuple[str, list[dict[str, object]]]:
+    matches: list[dict[str, object]] = []
     for number, edit in enumerate(edits, start=1):
-        old, new = str(edit["oldText"]), str(edit["newText"])
-        if not old:
+        if not edit["oldText"]:
             raise OperationError("INVALID_REQUEST", f"Edit {number} has an empty oldText.")
-        count = text.count(old)
-        if count == 0:
-            raise OperationError(
-                "EDIT_CONFLICT", f"Edit {number}: oldText was not found in {describe(rel)}."
-            )
-        if count > 1 and edit.get("replaceAll") is not True:
-            raise OperationError(
-                "EDIT_CONFLICT",
-                f"Edit {number}: oldText occurs {count} times in {describe(rel)}; "
-                "add context or set replaceAll.",
-            )
-        text = text.replace(old, new)
-        total += count
-    return text, total
+        applied = apply_one(
+            text,
+            edit,
+            tolerant=tolerant,
+            number=number,
+            where=describe(rel),
+            max_chars=EDIT_MAX_BYTES,
+        )
+        text = applied.text
+        matches.append({"strategy": applied.strategy, "occurrences": applied.occurrences})
+    return text, matches
 
 
 def plan_edit(request: dict[str, object], *, root: str) -> EditPlan:
@@ -73,7 +79,8 @@ def plan_edit(request: dict[str, object], *, root: str) -> EditPlan:
         text = raw[len(UTF8_BOM) :].decode("utf-8") if has_bom else raw.decode("utf-8")
     except UnicodeDecodeError:
         raise OperationError("INVALID_REQUEST", f"{describe(rel)} is not UTF-8 text.") from None
-    new_text, replacements = _apply(text, cast(list[dict[str, object]], request["edits"]), rel)
+    edits = cast(list[dict[str, object]], request["edits"])
+    new_text, matches = _apply(text, edits, rel, tolerant=request.get("matching") == "tolerant")
     try:
         new_bytes = (UTF8_BOM if has_bom else b"") + new_text.encode("utf-8")
     except UnicodeEncodeError:
@@ -91,13 +98,20 @@ def plan_edit(request: dict[str, object], *, root: str) -> EditPlan:
         has_bom=has_bom,
         new_text=new_text,
         new_bytes=new_bytes,
-        replacements=replacements,
+        replacements=len(edits),
+        matches=matches if edit_reports_matches(request) else None,
     )
+
+
+def _with_matches(result: dict[str, object], plan: EditPlan) -> dict[str, object]:
+    if plan.matches is not None:
+        result["matches"] = plan.matches
+    return result
 
 
 def preview_edit(request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
     plan = plan_edit(request, root=root)
-    return {
+    result: dict[str, object] = {
         "path": plan.rel,
         "content": plan.new_text,
         "hasUtf8Bom": plan.has_bom,
@@ -105,6 +119,7 @@ def preview_edit(request: dict[str, object], *, root: str, deadline: float) -> d
         "replacements": plan.replacements,
         "bytesWritten": len(plan.new_bytes),
     }
+    return _with_matches(result, plan)
 
 
 def edit_file(request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
@@ -128,11 +143,12 @@ def edit_file(request: dict[str, object], *, root: str, deadline: float) -> dict
     atomic_write(
         plan.real, plan.rel, plan.new_bytes, mode=stat.S_IMODE(plan.before.st_mode), exclusive=False
     )
-    return {
+    result: dict[str, object] = {
         "path": plan.rel,
         "replacements": plan.replacements,
         "bytesWritten": len(plan.new_bytes),
     }
+    return _with_matches(result, plan)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:

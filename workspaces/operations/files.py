@@ -13,6 +13,7 @@ from typing import BinaryIO
 from sluice_protocol import MAX_WRITE_BYTES, READ_MAX_BYTES
 
 from workspaces.operations.errors import OperationError, OutcomeUnknown, check_deadline
+from workspaces.operations.instructions import read_instruction
 from workspaces.operations.paths import (
     describe,
     iter_tree,
@@ -58,8 +59,10 @@ def read_file(request: dict[str, object], *, root: str, deadline: float) -> dict
     splits on ``\\n`` into exactly ``endLine - startLine + 1`` pieces, the rule LibreChat
     checks on every read (contract §2.2). A window stops early, truncated, where the next line
     would take ``content`` past READ_MAX_BYTES; only a first line that alone is too large is
-    refused.
+    refused. An instruction read (``instructionSha256``, §2.2.1) is the whole file instead.
     """
+    if "instructionSha256" in request:
+        return read_instruction(request, root=root)
     rel = str(request["path"])
     start_line = int(str(request["startLine"]))
     max_lines = int(str(request["maxLines"]))

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sluice_protocol import OPERATIONS
+
+from workspaces.features import EDIT_FEATURES
+from workspaces.operations.instructions import instruction_files
 
 WORKSPACE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", re.ASCII)
 MAX_SLOTS = 64
@@ -74,6 +78,21 @@ def check_limit(flag: str, value: int) -> int:
     if value < 0:
         raise WorkerConfigError(f"{flag} must be 0 (no limit) or more, not {value}")
     return value
+
+
+def registration_workspaces(roots: list[WorkspaceRoot], *, lanes: bool) -> list[dict[str, Any]]:
+    """The `workspaces` of a registration body (§4.1, §2.2.1). Instruction files are read now,
+    so each (re-)registration advertises what the roots hold at that moment."""
+    return [
+        {
+            "workspaceId": w.workspace_id,
+            "operations": sorted(w.operations),
+            "linkedWorktreeLanes": lanes,
+            "editFeatures": list(EDIT_FEATURES),
+            "instructionFiles": instruction_files(w.root),
+        }
+        for w in roots
+    ]
 
 
 def _inside(child: str, parent: str) -> bool:

@@ -145,7 +145,13 @@ def test_edits_apply_in_order_and_replace_all_counts_every_occurrence(
         {"oldText": "x", "newText": "y", "replaceAll": True},
         {"oldText": "y y y", "newText": "done"},
     ]
-    assert run("edit_file", path="f.txt", edits=edits)["replacements"] == 4
+    result = run("edit_file", path="f.txt", edits=edits)
+    # replacements counts edits applied; the occurrences are in matches (§2.2.1).
+    assert result["replacements"] == 2
+    assert result["matches"] == [
+        {"strategy": "exact", "occurrences": 3},
+        {"strategy": "exact", "occurrences": 1},
+    ]
     assert (workspace / "f.txt").read_text() == "done\ny\n"
 
 

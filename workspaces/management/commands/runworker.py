@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from workspaces.runtime.config import (
     check_slots,
     default_slots,
     parse_workspaces,
+    registration_workspaces,
     without_network,
 )
 from workspaces.runtime.control import ControlPlane, RegistrationRefused
@@ -151,16 +153,12 @@ class Command(BaseCommand):
             token=options["token"],
             sandbox_profile="bwrap" if sandbox is not None else "none",
         )
-        offered = [
-            {
-                "workspaceId": w.workspace_id,
-                "operations": sorted(w.operations),
-                "linkedWorktreeLanes": lanes,
-            }
-            for w in workspaces
-        ]
+
+        def offered() -> list[dict[str, Any]]:
+            return registration_workspaces(workspaces, lanes=lanes)
+
         try:
-            answer = control.register(workspaces=offered, slots=slots)
+            answer = control.register(workspaces=offered(), slots=slots)
         except RegistrationRefused as exc:
             raise CommandError(str(exc)) from None
         state = worker_state.WorkerState(
@@ -253,7 +251,7 @@ class Command(BaseCommand):
         control: ControlPlane,
         state: worker_state.WorkerState,
         stop: threading.Event,
-        offered: list[dict[str, Any]],
+        offered: Callable[[], list[dict[str, Any]]],
         slots: int,
     ) -> None:
         while not stop.wait(settings.WORKER_HEARTBEAT_S):
@@ -266,7 +264,7 @@ class Command(BaseCommand):
                 # The registration expired or Redis restarted empty: come back as a new
                 # incarnation. Assignments for the old one are dropped as stale from now on.
                 try:
-                    answer = control.register(workspaces=offered, slots=slots, attempts=3)
+                    answer = control.register(workspaces=offered(), slots=slots, attempts=3)
                 except RegistrationRefused:
                     log.error("registration lost and refused again; shutting down")
                     os.kill(os.getpid(), signal.SIGTERM)

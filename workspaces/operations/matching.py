@@ -1,0 +1,338 @@
+"""Where an edit's ``oldText`` lands in a file: exact, then (when asked) tolerant strategies.
+
+Contract §2.2.1. Each strategy returns the candidate spans it sees, overlapping ones included,
+because an edit without ``replaceAll`` must be unambiguous: ``aa`` in ``aaa`` is two places,
+not one. A ``replaceAll`` edit then takes the non-overlapping spans from left to right.
+
+Tolerant strategies compare text that differs only in whitespace:
+
+* ``line-trimmed``: whole lines, each compared without its leading and trailing whitespace;
+  the replacement is moved from the block's common indentation to the file's;
+* ``whitespace-normalized``: whitespace-separated tokens, any run of whitespace (line breaks
+  included) counting as one space; whole tokens only, and at least two of them, so a single
+  word never lands on an arbitrary identifier;
+* ``indentation-flexible``: whole lines, compared after removing the block's common
+  indentation (so the block may sit at another depth, but its inner shape must agree); the
+  replacement is moved to the file's indentation.
+
+Line-window matches span whole lines, keep the file's own line terminators and give the
+replacement the terminator style (LF or CRLF) found where it lands. Every search is linear in
+the file (KMP over lines or tokens), except the indentation check of repeated candidates,
+which has a fixed budget: past it the edit is refused rather than left to run for seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from sluice_protocol import TOLERANT_STRATEGIES
+
+from workspaces.operations.errors import OperationError
+
+# Line comparisons the indentation-flexible strategy may spend on one edit.
+MAX_INDENT_VERIFICATIONS = 100_000
+_TOKEN = re.compile(r"\S+")
+_INDENT = re.compile(r"[ \t]*")
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    end: int
+    replacement: str
+
+
+@dataclass(frozen=True)
+class _Line:
+    start: int
+    end: int  # past the content, before "\r\n" or "\n"
+    next: int | None  # past the terminator; None for an unterminated last line
+
+
+class TooRepetitive(Exception):
+    pass
+
+
+def _lines(text: str) -> list[_Line]:
+    lines: list[_Line] = []
+    start = 0
+    while True:
+        newline = text.find("\n", start)
+        if newline < 0:
+            lines.append(_Line(start, len(text), None))
+            return lines
+        end = newline - 1 if newline > start and text[newline - 1] == "\r" else newline
+        lines.append(_Line(start, end, newline + 1))
+        start = newline + 1
+
+
+def _needle(old: str) -> tuple[list[str], bool]:
+    """oldText as lines; a final line break means "through the end of the last line"."""
+    normalized = old.replace("\r\n", "\n")
+    through = normalized.endswith("\n")
+    return (normalized[:-1] if through else normalized).split("\n"), through
+
+
+def _kmp_ends(sought: Sequence[str], values: Iterator[str]) -> Iterator[int]:
+    """Indexes in ``values`` where a run equal to ``sought`` ends, overlapping runs included."""
+    prefix = [0] * len(sought)
+    matched = 0
+    for index in range(1, len(sought)):
+        while matched and sought[index] != sought[matched]:
+            matched = prefix[matched - 1]
+        if sought[index] == sought[matched]:
+            matched += 1
+        prefix[index] = matched
+    matched = 0
+    for index, value in enumerate(values):
+        while matched and value != sought[matched]:
+            matched = prefix[matched - 1]
+        if value == sought[matched]:
+            matched += 1
+        if matched == len(sought):
+            yield index
+            matched = prefix[matched - 1]
+
+
+def _ending_near(text: str, lines: list[_Line], first: int) -> str:
+    for line in (lines[first], lines[first - 1] if first else None):
+        if line is not None and line.next is not None:
+            return "\r\n" if line.end < line.next - 1 else "\n"
+    return "\r\n" if "\r\n" in text else "\n"
+
+
+def _with_ending(value: str, ending: str) -> str:
+    normalized = value.replace("\r\n", "\n")
+    return normalized.replace("\n", "\r\n") if ending == "\r\n" else normalized
+
+
+def _common_indent(lines: Sequence[str]) -> str:
+    common: str | None = None
+    for line in lines:
+        if not line.strip():
+            continue
+        indent = _INDENT.match(line).group()  # type: ignore[union-attr]
+        if common is None:
+            common = indent
+            continue
+        shared = 0
+        while shared < min(len(common), len(indent)) and common[shared] == indent[shared]:
+            shared += 1
+        common = common[:shared]
+    return common or ""
+
+
+def _dedent(line: str, indent: str) -> str:
+    return (line[len(indent) :] if line.startswith(indent) else line.lstrip()).rstrip()
+
+
+def _reindent(value: str, old_indent: str, new_indent: str) -> str:
+    if old_indent == new_indent:
+        return value
+    return "\n".join(
+        new_indent + line[len(old_indent) :]
+        if line.strip() and line.startswith(old_indent)
+        else line
+        for line in value.replace("\r\n", "\n").split("\n")
+    )
+
+
+def _line_windows(
+    text: str, old: str, new: str, *, flexible: bool, limit: int | None
+) -> list[Span]:
+    needle, through = _needle(old)
+    if not any(line.strip() for line in needle):
+        return []
+    lines = _lines(text)
+    if len(needle) > len(lines):
+        return []
+    needle_indent = _common_indent(needle)
+    wanted = [_dedent(line, needle_indent) for line in needle]
+    spans: list[Span] = []
+    budget = max(MAX_INDENT_VERIFICATIONS, len(needle))
+    # Both strategies prefilter on stripped lines: an indentation-flexible match is always a
+    # line-trimmed one, so only those candidates need their relative indentation checked.
+    keys = (text[line.start : line.end].strip() for line in lines)
+    for last in _kmp_ends([line.strip() for line in needle], keys):
+        first = last - len(needle) + 1
+        end = lines[last].next if through else lines[last].end
+        if end is None:
+            continue
+        if flexible:
+            budget -= len(needle)
+            if budget < 0:
+                raise TooRepetitive
+        window = [text[lines[i].start : lines[i].end] for i in range(first, last + 1)]
+        indent = _common_indent(window)
+        if flexible and [_dedent(line, indent) for line in window] != wanted:
+            continue
+        # Both carry newText from the indentation the caller wrote to the file's own: a block
+        # quoted without its indentation must not lose it in the file.
+        replacement = _reindent(new, needle_indent, indent)
+        ending = _ending_near(text, lines, first)
+        spans.append(Span(lines[first].start, end, _with_ending(replacement, ending)))
+        if limit is not None and len(spans) >= limit:
+            break
+    return spans
+
+
+def _peel(value: str, boundary: str, *, leading: bool) -> str:
+    """Whitespace the caller wrapped around oldText is outside the token match, so the same
+    wrapper on newText is dropped rather than inserted a second time."""
+    if not boundary:
+        return value
+    if leading and value.startswith(boundary):
+        return value[len(boundary) :]
+    if not leading and value.endswith(boundary):
+        return value[: len(value) - len(boundary)]
+    return value
+
+
+def _ending_at(text: str, offset: int) -> str:
+    """The terminator of the line holding ``offset`` (or of the line before an unterminated
+    last line); a file without line breaks gets LF."""
+    newline = text.find("\n", offset)
+    if newline < 0:
+        newline = text.rfind("\n", 0, offset)
+    return "\r\n" if newline > 0 and text[newline - 1] == "\r" else "\n"
+
+
+def _whitespace_normalized(text: str, old: str, new: str, *, limit: int | None) -> list[Span]:
+    normalized = old.replace("\r\n", "\n")
+    tokens = _TOKEN.findall(normalized)
+    if len(tokens) < 2:
+        return []
+    lead = normalized[: len(normalized) - len(normalized.lstrip())]
+    trail = normalized[len(normalized.rstrip()) :]
+    replacement = _peel(_peel(new.replace("\r\n", "\n"), lead, leading=True), trail, leading=False)
+    # _kmp_ends reports a match right after consuming its last token, so at that moment the
+    # ring buffer still holds where each of the last len(tokens) tokens began.
+    starts = [0] * len(tokens)
+    last_end = [0]
+
+    def words() -> Iterator[str]:
+        for index, word in enumerate(_TOKEN.finditer(text)):
+            starts[index % len(tokens)] = word.start()
+            last_end[0] = word.end()
+            yield word.group()
+
+    spans: list[Span] = []
+    for last in _kmp_ends(tokens, words()):
+        start = starts[(last + 1) % len(tokens)]
+        spans.append(Span(start, last_end[0], _with_ending(replacement, _ending_at(text, start))))
+        if limit is not None and len(spans) >= limit:
+            break
+    return spans
+
+
+_Finder = Callable[[str, str, str, int | None], list[Span]]
+
+_TOLERANT: dict[str, _Finder] = {
+    "line-trimmed": lambda t, o, n, lim: _line_windows(t, o, n, flexible=False, limit=lim),
+    "whitespace-normalized": lambda t, o, n, lim: _whitespace_normalized(t, o, n, limit=lim),
+    "indentation-flexible": lambda t, o, n, lim: _line_windows(t, o, n, flexible=True, limit=lim),
+}
+assert tuple(_TOLERANT) == TOLERANT_STRATEGIES
+
+
+def _disjoint(spans: list[Span]) -> list[Span]:
+    taken: list[Span] = []
+    for span in spans:
+        if not taken or span.start >= taken[-1].end:
+            taken.append(span)
+    return taken
+
+
+def _exact(text: str, old: str, replace_all: bool) -> tuple[int, int]:
+    """(spans seen for the ambiguity rule, at most 2 when not replace_all; non-overlapping count)."""
+    if replace_all:
+        count = text.count(old)
+        return count, count
+    first = text.find(old)
+    if first < 0:
+        return 0, 0
+    # Overlapping counts: "aa" is ambiguous in "aaa".
+    return (1 if text.find(old, first + 1) < 0 else 2), 1
+
+
+@dataclass(frozen=True)
+class Applied:
+    text: str
+    strategy: str
+    occurrences: int
+
+
+def _projected(text: str, spans: list[Span], max_chars: int) -> None:
+    # A character is at least one UTF-8 byte, so a result longer than the byte limit in
+    # characters is refused before it is built (a replaceAll could ask for terabytes).
+    growth = sum(len(s.replacement) - (s.end - s.start) for s in spans)
+    if len(text) + growth > max_chars:
+        raise OperationError(
+            "WRITE_LIMIT_EXCEEDED", f"The edited file would exceed {max_chars} bytes."
+        )
+
+
+def _splice(text: str, spans: list[Span]) -> str:
+    parts: list[str] = []
+    cursor = 0
+    for span in spans:
+        parts.append(text[cursor : span.start])
+        parts.append(span.replacement)
+        cursor = span.end
+    parts.append(text[cursor:])
+    return "".join(parts)
+
+
+def apply_one(
+    text: str, edit: dict[str, object], *, tolerant: bool, number: int, where: str, max_chars: int
+) -> Applied:
+    """Apply edit ``number`` (1-based) to ``text`` or raise EDIT_CONFLICT naming why."""
+    old, new = str(edit["oldText"]), str(edit["newText"])
+    replace_all = edit.get("replaceAll") is True
+    seen, occurrences = _exact(text, old, replace_all)
+    if seen == 1 or (replace_all and seen):
+        growth = occurrences * (len(new) - len(old))
+        if len(text) + growth > max_chars:
+            raise OperationError(
+                "WRITE_LIMIT_EXCEEDED", f"The edited file would exceed {max_chars} bytes."
+            )
+        result = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+        return Applied(result, "exact", occurrences)
+    if seen > 1:
+        raise _ambiguous(number, where, "exact")
+    if not tolerant:
+        raise OperationError("EDIT_CONFLICT", f"Edit {number}: oldText was not found in {where}.")
+    first_ambiguous: str | None = None
+    for strategy, find in _TOLERANT.items():
+        try:
+            spans = find(text, old, new, None if replace_all else 2)
+        except TooRepetitive:
+            raise OperationError(
+                "EDIT_CONFLICT",
+                f"Edit {number}: oldText has too many repetitive candidates in {where}; "
+                "include more surrounding lines.",
+            ) from None
+        if replace_all:
+            spans = _disjoint(spans)
+        if len(spans) == 1 or (replace_all and spans):
+            _projected(text, spans, max_chars)
+            return Applied(_splice(text, spans), strategy, len(spans))
+        if spans and first_ambiguous is None:
+            first_ambiguous = strategy
+    if first_ambiguous is not None:
+        raise _ambiguous(number, where, first_ambiguous)
+    raise OperationError(
+        "EDIT_CONFLICT",
+        f"Edit {number}: oldText was not found in {where}, not even ignoring whitespace.",
+    )
+
+
+def _ambiguous(number: int, where: str, strategy: str) -> OperationError:
+    how = "" if strategy == "exact" else f" ({strategy})"
+    return OperationError(
+        "EDIT_CONFLICT",
+        f"Edit {number}: oldText matches more than one place{how} in {where}; "
+        "add surrounding lines or set replaceAll.",
+    )
