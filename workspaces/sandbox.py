@@ -68,16 +68,25 @@ class Sandbox:
     ) -> list[str]:
         writable = call_tree(workspace_root, worktree)
         others = [p for p in self.hidden if p != workspace_root]
-        # A hidden path inside the workspace (a code base registered as one) is hidden last,
-        # over the workspace's own bind.
+        # A hidden path inside another one is already gone (the outer tmpfs is empty); one
+        # inside the workspace (a code base registered as one) is hidden last, over the
+        # workspace's own bind.
         inside = [p for p in others if _within(p, workspace_root)]
+        outer = [
+            p
+            for p in others
+            if p not in inside and not any(q != p and _within(p, q) for q in others)
+        ]
         args = [self.bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
         if not network:
             args.append("--unshare-net")
         args += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        for path in others:
-            if path not in inside:
-                args += _hide(path)
+        # Hiding tmpfs stay writable until every mount inside them is made (the workspace
+        # itself may live inside a hidden directory, as make run's demo does under var/), and
+        # are made read-only last: a remount does not reach the binds below it.
+        hiding = [p for p in (*outer, *inside) if os.path.isdir(p)]
+        for path in outer:
+            args += _hide(path)
         if self.home and not _within(self.home, workspace_root):
             args += ["--tmpfs", self.home]
         for path in self.shown:
@@ -89,6 +98,8 @@ class Sandbox:
             args += ["--bind", path, path]
         for path in inside:
             args += _hide(path)
+        for path in hiding:
+            args += ["--remount-ro", path]
         args += ["--setenv", "TMPDIR", "/tmp", "--chdir", cwd, "--"]
         if self.prlimit and self.limits.prlimit_args():
             args += [self.prlimit, *self.limits.prlimit_args(), "--"]
@@ -114,9 +125,9 @@ def _within(path: str, parent: str) -> bool:
 
 
 def _hide(path: str) -> list[str]:
-    if os.path.isdir(path):
-        return ["--tmpfs", path, "--remount-ro", path]
-    return []
+    """An empty tmpfs over a directory (made read-only by the caller, once mounts inside it
+    are made)."""
+    return ["--tmpfs", path] if os.path.isdir(path) else []
 
 
 class SandboxUnavailable(RuntimeError):

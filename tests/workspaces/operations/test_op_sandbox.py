@@ -325,3 +325,25 @@ def test_a_signal_comes_back_as_128_plus_its_number(boxed: Run) -> None:
     # bwrap folds a signal into its exit status as a shell does (docs/workers.md).
     result = boxed("kill -TERM $$")
     assert (result["exitCode"], result.get("signal"), result["timedOut"]) == (143, None, False)
+
+
+def test_workspaces_inside_the_hidden_code_base_still_run_as_make_run_lays_them_out(
+    base_dir: Path, credentials: Path
+) -> None:
+    # make run keeps its demo checkouts under var/demo/ of the checkout, which the sandbox
+    # hides: each call's own workspace is bound back over the hidden tree, its sibling is not.
+    app = git_workspace(base_dir / "var" / "demo" / "app")
+    docs = git_workspace(base_dir / "var" / "demo" / "docs")
+    (docs / "docs-only.txt").write_text("DOCS-ONLY\n")
+    sandbox = _sandbox(base_dir, credentials, app, docs)
+    run = _runner(sandbox, Path(os.path.realpath(app)))
+    result = run(
+        "touch made-here && ls ../docs 2>&1; cat ../../local-secret-key 2>&1;"
+        " touch ../../planted 2>&1; git status --short"
+    )
+    assert result["exitCode"] == 0, result
+    assert (app / "made-here").exists()
+    assert "DOCS-ONLY" not in result["stdout"] and "docs-only" not in result["stdout"]
+    assert "BASE-DIR-SECRET" not in result["stdout"]
+    assert not (base_dir / "var" / "planted").exists()
+    assert "made-here" in result["stdout"]
