@@ -102,6 +102,19 @@ SLUICE_WORKER_REDIS_ACL = env_bool("SLUICE_WORKER_REDIS_ACL", True)
 # Every key Sluice writes starts with this; tests give each run its own.
 REDIS_KEY_PREFIX = env_str("SLUICE_REDIS_PREFIX", "sluice:")
 
+# Django's own cache, on Redis through django-redis: admin sessions (cached_db: Postgres keeps
+# them through a Redis restart) and what Django caches for the admin. Admission's scripts keep
+# their own redis-py clients (admission/connections.py), on ADMISSION_REDIS_URL.
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": REDIS_KEY_PREFIX + "cache",
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 2},
+    }
+}
+SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
+
 # Celery carries assignments to workers. At-most-once: a message is acked when the worker
 # takes it (not after it ran), one message is prefetched per free slot, and the Redis
 # transport's ack emulation is off: a popped message is gone from Redis, so nothing can ever

@@ -38,6 +38,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # Every run gets its own Redis namespace (queues, request ids, Celery queues, log stream),
     # so runs never see each other's keys, and neither does a local `make run`.
     settings.REDIS_KEY_PREFIX = f"test-{uuid.uuid4().hex[:8]}:"
+    settings.CACHES["default"]["KEY_PREFIX"] = settings.REDIS_KEY_PREFIX + "cache"
     # The machine's shared Redis never gets an ACL user: the tests that prove the per-worker
     # users turn this on against a throwaway redis-server of their own (tests/security).
     settings.SLUICE_WORKER_REDIS_ACL = False
