@@ -270,6 +270,8 @@ def main() -> int:
                     env=env,
                     slots=3,
                     lanes=bool(target.lanes),
+                    # The agents' commands log their start and end there (sandboxed).
+                    shared_dirs=[log_dir],
                 ).start()
             )
         say("API processes and workers are up")

@@ -207,6 +207,10 @@ class Worker:
     lanes: bool = False
     # More runworker flags, e.g. ["--workspace-no-network", "a"].
     extra_args: list[str] = field(default_factory=list)
+    # Commands run sandboxed, so a test that reads what they leave (markers, logs) names where:
+    # by default the directories holding its workspaces (a test's tmp_path), shared with every
+    # command of this worker (runworker --command-shared-dir). [] shares nothing.
+    shared_dirs: list[Path] | None = None
     process: Process | None = None
     incarnations: list[str] = field(default_factory=list)
 
@@ -228,6 +232,11 @@ class Worker:
             args += ["--slots", str(self.slots)]
         if self.lanes:
             args.append("--linked-worktree-lanes")
+        shared = self.shared_dirs
+        if shared is None:
+            shared = sorted({Path(p).parent for p in self.workspaces.values()})
+        for directory in shared:
+            args += ["--command-shared-dir", str(directory)]
         return args + self.extra_args
 
     def start(self) -> Worker:

@@ -55,6 +55,9 @@ class Sandbox:
     home: str | None = None
     # Shown again read-only inside a hidden directory: the toolchains on PATH under $HOME.
     shown: tuple[str, ...] = ()
+    # Directories every call may write besides its own tree (runworker --command-shared-dir):
+    # a build cache, say. What one call leaves there the next one sees.
+    shared: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
 
     def argv(
@@ -92,6 +95,8 @@ class Sandbox:
         for path in self.shown:
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]
+        for path in self.shared:
+            args += ["--bind", path, path]
         # The workspace again, read-only, above whatever hid it (a home, the private /tmp).
         args += ["--ro-bind", workspace_root, workspace_root]
         for path in writable:
@@ -139,6 +144,7 @@ def worker_sandbox(
     base_dir: str,
     workspace_roots: list[str],
     credential_files: list[str] | None = None,
+    shared_dirs: list[str] | None = None,
     home: str | None = None,
     path_env: str | None = None,
     limits: Limits | None = None,
@@ -178,6 +184,7 @@ def worker_sandbox(
         hidden=tuple(dict.fromkeys(hidden)),
         home=home or None,
         shown=tuple(shown),
+        shared=tuple(os.path.realpath(d) for d in shared_dirs or []),
         limits=limits or Limits(),
     )
 

@@ -27,6 +27,7 @@ def test_a_sandboxing_worker_says_bwrap_and_hides_itself_and_the_network_where_a
     online, offline = git_workspace(tmp_path / "online"), git_workspace(tmp_path / "offline")
     worker = worker_factory(owner, {"online": online, "offline": offline}, start=False)
     worker.extra_args = ["--workspace-no-network", "offline"]
+    worker.shared_dirs = []
     worker.start()
     assert WorkerRow.objects.get(worker_id=owner.worker_id).sandbox_profile == "bwrap"
     assert worker.process is not None
@@ -69,6 +70,7 @@ def test_a_worker_that_cannot_sandbox_offers_no_command_unless_allowed(
     empty.mkdir()
     worker.env = worker.env | {"PATH": str(empty)}
     worker.extra_args = ["--allow-unsandboxed-commands"] if allowed else []
+    worker.shared_dirs = []
     worker.start()
     assert worker.process is not None
     warning = worker.process.wait_for("bwrap is not installed")

@@ -347,3 +347,22 @@ def test_workspaces_inside_the_hidden_code_base_still_run_as_make_run_lays_them_
     assert "BASE-DIR-SECRET" not in result["stdout"]
     assert not (base_dir / "var" / "planted").exists()
     assert "made-here" in result["stdout"]
+
+
+def test_a_shared_directory_is_writable_to_every_call_and_nothing_else_is(
+    base_dir: Path, credentials: Path, repo: Path, scratch: Path
+) -> None:
+    cache = scratch / "cache"
+    cache.mkdir()
+    sandbox = worker_sandbox(
+        base_dir=str(base_dir),
+        workspace_roots=[str(repo)],
+        credential_files=[str(credentials)],
+        shared_dirs=[str(cache)],
+    )
+    run = _runner(sandbox, repo)
+    assert run(f"echo warm > {cache}/entry")["exitCode"] == 0
+    assert run(f"cat {cache}/entry")["stdout"] == "warm\n"
+    assert (cache / "entry").read_text() == "warm\n"
+    assert run(f"touch {scratch}/beside-the-cache")["exitCode"] != 0
+    assert not (scratch / "beside-the-cache").exists()

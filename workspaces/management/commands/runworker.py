@@ -56,6 +56,14 @@ class Command(BaseCommand):
         parser.add_argument("--workspace", action="append", default=[], metavar="ID=PATH")
         parser.add_argument("--linked-worktree-lanes", action="store_true")
         parser.add_argument(
+            "--command-shared-dir",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="A directory every sandboxed command may write besides its own workspace "
+            "(a build cache, say); repeatable. What one call leaves there, the next sees.",
+        )
+        parser.add_argument(
             "--workspace-no-network",
             action="append",
             default=[],
@@ -108,6 +116,9 @@ class Command(BaseCommand):
                 options["slots"] if options["slots"] is not None else default_slots()
             )
             workspaces = without_network(workspaces, options["workspace_no_network"])
+            for shared in options["command_shared_dir"]:
+                if not os.path.isdir(shared):
+                    raise WorkerConfigError(f"--command-shared-dir {shared}: no such directory")
             limits = Limits(
                 max_processes=check_limit(
                     "--command-max-processes", options["command_max_processes"]
@@ -130,6 +141,7 @@ class Command(BaseCommand):
             credential_files=[os.path.expanduser(credentials)]
             if os.path.exists(os.path.expanduser(credentials))
             else [],
+            shared_dirs=options["command_shared_dir"],
         )
         if len(workspaces) > 1 and slots == 1:
             log.warning(
@@ -198,6 +210,7 @@ class Command(BaseCommand):
         *,
         allow_unsandboxed: bool,
         credential_files: list[str],
+        shared_dirs: list[str],
     ) -> tuple[Sandbox | None, list[WorkspaceRoot]]:
         """The sandbox for commands, and the workspaces as they will be offered: without
         execute_command when there is no sandbox, unless the operator allowed that."""
@@ -206,6 +219,7 @@ class Command(BaseCommand):
                 base_dir=str(settings.BASE_DIR),
                 workspace_roots=[w.root for w in workspaces],
                 credential_files=credential_files,
+                shared_dirs=shared_dirs,
                 limits=limits,
             ), workspaces
         except SandboxUnavailable as exc:
