@@ -88,8 +88,12 @@ class Sandbox:
         # itself may live inside a hidden directory, as make run's demo does under var/), and
         # are made read-only last: a remount does not reach the binds below it.
         hiding = [p for p in (*outer, *inside) if os.path.isdir(p)]
+        # A shared directory is bound over what hid it; what must stay hidden inside a shared
+        # directory (another workspace kept there) is hidden again over the shared bind.
+        in_shared = [p for p in outer if any(_within(p, d) for d in self.shared)]
         for path in outer:
-            args += _hide(path)
+            if path not in in_shared:
+                args += _hide(path)
         if self.home and not _within(self.home, workspace_root):
             args += ["--tmpfs", self.home]
         for path in self.shown:
@@ -97,6 +101,8 @@ class Sandbox:
                 args += ["--ro-bind", path, path]
         for path in self.shared:
             args += ["--bind", path, path]
+        for path in in_shared:
+            args += _hide(path)
         # The workspace again, read-only, above whatever hid it (a home, the private /tmp).
         args += ["--ro-bind", workspace_root, workspace_root]
         for path in writable:

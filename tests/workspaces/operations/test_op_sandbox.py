@@ -366,3 +366,24 @@ def test_a_shared_directory_is_writable_to_every_call_and_nothing_else_is(
     assert (cache / "entry").read_text() == "warm\n"
     assert run(f"touch {scratch}/beside-the-cache")["exitCode"] != 0
     assert not (scratch / "beside-the-cache").exists()
+
+
+def test_another_workspace_inside_a_shared_directory_stays_hidden(
+    base_dir: Path, credentials: Path, scratch: Path
+) -> None:
+    # The e2e harness shares a test's tmp_path, where that test's workspaces live too.
+    shared = scratch / "shared"
+    mine = git_workspace(shared / "mine")
+    theirs = git_workspace(shared / "theirs")
+    (theirs / "theirs.txt").write_text("THEIRS\n")
+    sandbox = worker_sandbox(
+        base_dir=str(base_dir),
+        workspace_roots=[str(mine), str(theirs)],
+        credential_files=[str(credentials)],
+        shared_dirs=[str(shared)],
+    )
+    run = _runner(sandbox, Path(os.path.realpath(mine)))
+    result = run(f"echo log >> {shared}/log; cat {theirs}/theirs.txt; touch {theirs}/planted")
+    assert (shared / "log").read_text() == "log\n"
+    assert "THEIRS" not in result["stdout"]
+    assert not (theirs / "planted").exists()
