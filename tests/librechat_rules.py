@@ -156,3 +156,44 @@ def edit_result_problem(request: Mapping[str, Any], result: Mapping[str, Any]) -
 def assert_librechat_accepts_edit(request: Mapping[str, Any], result: Mapping[str, Any]) -> None:
     problem = edit_result_problem(request, result)
     assert problem is None, f"LibreChat would refuse this edit answer: {problem}"
+
+
+SEARCH_TEXT_MAX_UTF16 = 2000
+DEFAULT_COMMAND_OUTPUT_BYTES = 256 * 1024
+
+
+def _utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def search_result_problem(request: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+    """LibreChat's rule for a search_text answer (the match bounds only)."""
+    matches = result.get("matches")
+    if not isinstance(matches, list) or len(matches) > request.get("maxResults", 50):
+        return "matches"
+    for match in matches:
+        text = match.get("text") if isinstance(match, dict) else None
+        if not isinstance(text, str) or _utf16_units(text) > SEARCH_TEXT_MAX_UTF16:
+            return "match text over 2000 UTF-16 units"
+        if not _int(match.get("line")) or match["line"] < 1:
+            return "line"
+        if not _int(match.get("column")) or match["column"] < 1:
+            return "column"
+    return None
+
+
+def command_result_problem(request: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+    """LibreChat's rule for an execute_command answer."""
+    stdout, stderr = result.get("stdout"), result.get("stderr")
+    if not isinstance(stdout, str) or not isinstance(stderr, str):
+        return "stdout/stderr"
+    limit = request.get("maxOutputBytes", DEFAULT_COMMAND_OUTPUT_BYTES)
+    if _utf8_bytes(stdout) + _utf8_bytes(stderr) > limit:
+        return "stdout + stderr over maxOutputBytes"
+    code, timed_out, sig = result.get("exitCode"), result.get("timedOut"), result.get("signal")
+    if code is None:
+        if not (timed_out is True or sig is not None):
+            return "exitCode null without a timeout or signal"
+    elif not _int(code) or not 0 <= code <= 255 or timed_out is not False or sig is not None:
+        return "exitCode with a timeout or signal, or out of 0..255"
+    return None

@@ -41,8 +41,10 @@ DEFAULT_QUEUE_WAIT_MS = 30_000
 # A read_file window stops (truncated) before its content would pass this many UTF-8 bytes;
 # a first line that alone is larger is refused with READ_LIMIT_EXCEEDED.
 READ_MAX_BYTES = 1024 * 1024
-# A search match's `text` is its line cut to this many characters.
-MATCH_TEXT_MAX_CHARS = 4096
+# A search match's `text` is its line cut to this many UTF-16 code units: LibreChat's client
+# counts a string's length that way (JavaScript's `.length`, where a character outside the
+# Basic Multilingual Plane, an emoji say, counts 2) and refuses a longer text.
+MATCH_TEXT_MAX_CHARS = 2000
 
 MAX_READ_LINES = 500
 DEFAULT_READ_LINES = 200
@@ -752,6 +754,24 @@ def _list_files_agrees(request: Mapping[str, object], result: Mapping[str, objec
     _check_continuation(result, "nextAfterPath", paths[-1] if paths else None)
 
 
+def utf16_length(text: str) -> int:
+    """The length JavaScript gives `text`: a character beyond U+FFFF is two code units."""
+    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+
+
+def cut_utf16(text: str, max_units: int) -> str:
+    """The longest prefix of `text` of at most `max_units` UTF-16 code units (never half of a
+    surrogate pair)."""
+    if len(text) * 2 <= max_units or utf16_length(text) <= max_units:
+        return text
+    units = 0
+    for index, ch in enumerate(text):
+        units += 2 if ord(ch) > 0xFFFF else 1
+        if units > max_units:
+            return text[:index]
+    return text
+
+
 def _search_text_agrees(request: Mapping[str, object], result: Mapping[str, object]) -> None:
     directory = _get(request, "path", str)
     matches: list[dict[str, object]] = _get(result, "matches", list)
@@ -760,6 +780,10 @@ def _search_text_agrees(request: Mapping[str, object], result: Mapping[str, obje
     for index, match in enumerate(matches):
         if not _inside(_get(match, "path", str), directory):
             raise _Invalid(f"matches[{index}].path is outside the requested path")
+        if utf16_length(_get(match, "text", str)) > MATCH_TEXT_MAX_CHARS:
+            raise _Invalid(
+                f"matches[{index}].text is longer than {MATCH_TEXT_MAX_CHARS} UTF-16 units"
+            )
 
 
 def _write_file_agrees(request: Mapping[str, object], result: Mapping[str, object]) -> None:
@@ -808,10 +832,11 @@ def _edit_agrees(request: Mapping[str, object], result: Mapping[str, object]) ->
 
 
 def _execute_command_agrees(request: Mapping[str, object], result: Mapping[str, object]) -> None:
-    max_chars = _get(request, "maxOutputBytes", int)
-    for stream in ("stdout", "stderr"):
-        if len(_get(result, stream, str)) > max_chars:
-            raise _Invalid(f"{stream} is longer than maxOutputBytes")
+    # One budget for both streams, in UTF-8 bytes, as LibreChat's client counts it.
+    limit = _get(request, "maxOutputBytes", int)
+    size = sum(_utf8_length(_get(result, stream, str)) or 0 for stream in ("stdout", "stderr"))
+    if size > limit:
+        raise _Invalid("stdout and stderr together are longer than maxOutputBytes")
     if result["exitCode"] is None and "signal" not in result and not result["timedOut"]:
         raise _Invalid("exitCode is null without a signal or a timeout")
 

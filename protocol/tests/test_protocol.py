@@ -910,6 +910,8 @@ def match(**changes: object) -> dict[str, object]:
         [match(column=0)],
         [match(column=1.0)],
         [match(text="x" * (MATCH_TEXT_MAX_CHARS + 1))],
+        # An emoji is two UTF-16 units for LibreChat: 1001 of them are 2002 units.
+        [match(text="\U0001f600" * (MATCH_TEXT_MAX_CHARS // 2 + 1))],
         [match(text=None)],
         [{"path": "src/a", "line": 1, "column": 1}],
         [match(), match(), match()],  # more than maxResults
@@ -1001,6 +1003,9 @@ def test_hostile_edit_file_result_is_refused(changes: dict[str, object]) -> None
     [
         {"stdout": "x" * 11},  # maxOutputBytes is 10
         {"stderr": "x" * 11},
+        # One budget for both streams, in UTF-8 bytes (LibreChat's rule).
+        {"stdout": "x" * 6, "stderr": "y" * 5},
+        {"stdout": "é" * 6},
         {"stdout": "x" * (MIB + 1)},
         {"stdout": SURROGATE},
         {"stdout": None},
@@ -1025,8 +1030,9 @@ def test_hostile_execute_command_result_is_refused(changes: dict[str, object]) -
 @pytest.mark.parametrize(
     "changes",
     [
-        {"stdout": "é" * 10, "truncated": True},  # 10 characters from at most 10 raw bytes
-        {"stderr": "x" * 10},
+        {"stdout": "é" * 5, "truncated": True},  # 10 bytes of UTF-8
+        {"stdout": "", "stderr": "x" * 10},
+        {"stdout": "x" * 4, "stderr": "y" * 6},
         {"exitCode": None, "signal": "SIGKILL"},
         {"exitCode": None, "timedOut": True},
         {"exitCode": 137, "signal": "SIGKILL"},

@@ -105,7 +105,8 @@ class _Stream:
 
 
 class _Capture:
-    """Reads stdout and stderr together, keeping the first ``cap`` bytes of each.
+    """Reads stdout and stderr together, keeping their first ``cap`` bytes between them (one
+    budget for both, as LibreChat's client checks it).
 
     Reading goes on past the cap (the excess is dropped) so the child never blocks on a full
     pipe and its exit is not delayed by our limit.
@@ -146,7 +147,7 @@ class _Capture:
                 self.pipes_open -= 1
                 continue
             stream: _Stream = key.data
-            room = self.cap - len(stream.data)
+            room = self.cap - len(self.out.data) - len(self.err.data)
             if len(chunk) > room:
                 stream.cut = True
             if room > 0:
@@ -174,6 +175,14 @@ def _run(proc: subprocess.Popen[bytes], capture: _Capture, end: float) -> bool:
             return True
         wait_s = end - now if capture.pidfd is not None else min(end - now, EXIT_POLL_S)
         capture.wait(wait_s)
+
+
+def _fit(text: str, max_bytes: int) -> tuple[str, bool]:
+    """`text` cut to at most `max_bytes` of UTF-8 (never half a character); True if cut."""
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text, False
+    return data[: max(max_bytes, 0)].decode("utf-8", errors="ignore"), True
 
 
 def _signal_name(number: int) -> str:
@@ -245,11 +254,15 @@ def execute_command(
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
+    # Decoding turns an invalid byte into U+FFFD (3 bytes): the texts are fitted to the cap
+    # again, stdout first, so what is sent stays within it.
+    stdout, out_cut = _fit(capture.out.text(), cap)
+    stderr, err_cut = _fit(capture.err.text(), cap - len(stdout.encode()))
     result: dict[str, object] = {
         "exitCode": None,
-        "stdout": capture.out.text(),
-        "stderr": capture.err.text(),
-        "truncated": capture.out.cut or capture.err.cut,
+        "stdout": stdout,
+        "stderr": stderr,
+        "truncated": capture.out.cut or capture.err.cut or out_cut or err_cut,
         "timedOut": timed_out,
     }
     if timed_out:

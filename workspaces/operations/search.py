@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from sluice_protocol import MATCH_TEXT_MAX_CHARS
+from sluice_protocol import MATCH_TEXT_MAX_CHARS, cut_utf16
 
 from workspaces.operations.errors import OperationError, check_deadline
 from workspaces.operations.paths import iter_tree, open_regular, resolve
@@ -56,7 +56,7 @@ def _file_matches(text: str, query: str, path: str, limit: int) -> list[dict[str
                 "path": path,
                 "line": line_no,
                 "column": pos - line_start + 1,
-                "text": line[:MATCH_TEXT_MAX_CHARS],
+                "text": cut_utf16(line, MATCH_TEXT_MAX_CHARS),
             }
         )
         # The query holds no newline (validation refuses CR/LF), so no match spans lines and

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from librechat_rules import command_result_problem
 
 from workspaces.operations import OperationError
 
@@ -141,7 +142,19 @@ def test_both_streams_are_drained_at_once_so_a_full_stderr_pipe_cannot_block(run
     command = "head -c 2097152 /dev/zero | tr '\\0' e >&2; head -c 2097152 /dev/zero | tr '\\0' o"
     result = run("execute_command", command=command, maxOutputBytes=1024, timeoutMs=5000)
     assert (result["exitCode"], result["timedOut"], result["truncated"]) == (0, False, True)
-    assert (result["stdout"], result["stderr"]) == ("o" * 1024, "e" * 1024)
+    # One budget for both streams: stderr, written first, took all of it.
+    assert (result["stdout"], result["stderr"]) == ("", "e" * 1024)
+
+
+def test_stdout_and_stderr_share_one_budget_counted_in_utf8_as_sent(run: Run) -> None:
+    result = run("execute_command", command="printf abc; printf defg >&2", maxOutputBytes=5)
+    assert command_result_problem({"maxOutputBytes": 5}, result) is None
+    assert len(result["stdout"].encode()) + len(result["stderr"].encode()) == 5
+    assert result["truncated"] is True
+    # Invalid bytes decode to U+FFFD, three bytes each: the text is fitted again.
+    binary = run("execute_command", command="printf '\\377\\377\\377\\377'", maxOutputBytes=4)
+    assert command_result_problem({"maxOutputBytes": 4}, binary) is None
+    assert binary["truncated"] is True
 
 
 def test_output_exactly_at_the_cap_is_not_truncated(run: Run) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from librechat_rules import search_result_problem
 from sluice_protocol import MATCH_TEXT_MAX_CHARS
 
 from workspaces.operations import OperationError
@@ -118,3 +119,16 @@ def test_search_past_its_deadline_times_out(workspace: Path, run: Run) -> None:
     with pytest.raises(OperationError) as caught:
         run("search_text", query="hit", timeout_s=0)
     assert caught.value.code == "SEARCH_TIMEOUT"
+
+
+def test_a_line_of_emoji_is_cut_by_utf16_units_as_librechat_counts_them(
+    workspace: Path, run: Run
+) -> None:
+    # Each emoji is two UTF-16 units: 2000 units hold 999 of them after "needle " (7 units).
+    _write(workspace, {"e.txt": "needle " + "\U0001f600" * 3000 + "\n"})
+    result = run("search_text", query="needle")
+    assert search_result_problem({"maxResults": 50}, result) is None
+    (match,) = result["matches"]
+    assert match["text"] == "needle " + "\U0001f600" * 996
+    units = len(match["text"].encode("utf-16-le")) // 2
+    assert units <= MATCH_TEXT_MAX_CHARS and units > MATCH_TEXT_MAX_CHARS - 2
