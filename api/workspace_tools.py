@@ -179,6 +179,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
     """`POST /v1/workspace-tools/execute` (contract §2)."""
 
     authentication_classes = [AsyncApiKeyAuthentication]
+    http_method_names = ["post"]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -336,6 +337,7 @@ class WorkspaceToolsRequestCancelApi(AsyncApiView):
     """`DELETE /v1/workspace-tools/requests/<id>` (contract §2.6): same principal only."""
 
     authentication_classes = [AsyncApiKeyAuthentication]
+    http_method_names = ["delete"]
 
     async def prepare(self, request: Request) -> None:
         if request.method != "DELETE":
