@@ -186,7 +186,9 @@ class DurablePolicy:
         submitting = in_flight and self._outstanding == "submit"
         if self._maybe_accepted or submitting:
             self._maybe_accepted = True
-            return Abandon(self._may_have_run("The call was cancelled after it was submitted"))
+            error = self._may_have_run("The call was cancelled after it was submitted")
+            error.reason = "cancelled"
+            return Abandon(error)
         return Fail(cancelled_before_submit(self._request_id, attempts=self.attempts))
 
     def wait_over(self, *, now_ms: int) -> Step:
