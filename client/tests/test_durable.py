@@ -87,12 +87,12 @@ def calls_twice(runner: Runner, **client: Any) -> list[dict[str, Any]]:
     """Two calls on one client, so the probe cache is what the second one sees."""
     ids = [RID, "durable-request-000002"]
     if runner.mode == "sync":
-        return runner.run(lambda c: [c.execute(READ, request_id=i) for i in ids], **client)  # type: ignore[no-any-return]
+        return runner.run(lambda c: [c.execute(READ, request_id=i) for i in ids], **client)
 
     async def both(c: Any) -> list[dict[str, Any]]:
         return [await c.execute(READ, request_id=i) for i in ids]
 
-    return runner.run(both, **client)  # type: ignore[no-any-return]
+    return runner.run(both, **client)
 
 
 # -- the capability probe ---------------------------------------------------------------------
@@ -324,6 +324,13 @@ def test_a_failed_status_raises_what_the_synchronous_answer_raises(
     )
     assert ("The operation was not started" in error.message) is not_started
     assert sequence(runner) == [CAPS, SUBMIT, LOOKUP]  # terminal: no DELETE
+
+
+def test_a_failed_queue_timeout_is_final_and_says_so(runner: Runner) -> None:
+    runner.script.then(capabilities()).then(accepted("failed", code="WORKSPACE_QUEUE_TIMEOUT"))
+    error = durable_fails(runner)
+    assert "Stopped retrying: a durable request's failure is final." in error.message
+    assert sequence(runner) == [CAPS, SUBMIT]  # no second submission, no new request id
 
 
 def test_a_failed_status_with_an_unknown_code_may_have_run(runner: Runner) -> None:
