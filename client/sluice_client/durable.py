@@ -31,7 +31,7 @@ from sluice_client.durable_answers import (
     failure_error,
     parse_status,
 )
-from sluice_client.errors import WorkspaceToolError, may_have_run_message
+from sluice_client.errors import MAY_HAVE_RUN_TAIL, WorkspaceToolError, may_have_run_message
 from sluice_client.policy import (
     DEFAULT_QUEUE_WAIT_HEADER_MS,
     DELIVERY_MS,
@@ -216,7 +216,8 @@ class DurablePolicy:
         error.attempts = self.attempts
         if cancel_state == "cancelled":
             error.not_started = True
-            error.message += (
+            # The may-have-run advice no longer holds; say what does instead.
+            error.message = error.message.removesuffix(MAY_HAVE_RUN_TAIL) + (
                 " Sluice then removed it from its queue before it reached a worker, so "
                 "resending it is safe."
             )
