@@ -19,6 +19,7 @@ from sluice_protocol import (
 )
 
 from sluice_client import __version__
+from sluice_client.durable_answers import DurableMode, check_durable_mode
 from sluice_client.errors import WorkspaceToolError
 from sluice_client.policy import AttemptPlan, Budgets
 
@@ -157,6 +158,25 @@ def attempt_headers(
     if worker_id is not None:
         headers[WORKER_HEADER] = worker_id
     return headers
+
+
+def lookup_headers(credentials: Mapping[str, str]) -> dict[str, str]:
+    """Headers of a durable probe, lookup or cancel: no body, so no queue wait or request id."""
+    headers = dict(credentials)
+    headers["Accept"] = "application/json"
+    return headers
+
+
+def call_durable_mode(
+    client_mode: DurableMode, call_mode: object | None, request_id: str
+) -> DurableMode:
+    """The durable mode of one call: its own when given, else the client's."""
+    if call_mode is None:
+        return client_mode
+    try:
+        return check_durable_mode(call_mode)
+    except ValueError as exc:
+        raise _invalid(str(exc), request_id) from None
 
 
 def user_agent() -> str:

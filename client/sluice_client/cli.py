@@ -25,11 +25,13 @@ from typing import IO, Any, NoReturn
 
 import httpx
 
+from sluice_client.durable_answers import DurableMode
 from sluice_client.errors import WorkspaceToolError
 from sluice_client.operations import build_request
 from sluice_client.sync_client import Client
 
 EXIT_OK, EXIT_NOT_STARTED, EXIT_MAY_HAVE_RUN, EXIT_INVALID = 0, 2, 3, 4
+_DURABLE_MODES: dict[str, DurableMode] = {"on": True, "auto": "auto", "off": False}
 
 
 class _UsageError(Exception):
@@ -62,6 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-request-timeout-ms", type=int, default=None)
     parser.add_argument("--retry-queue-full", action="store_true", help="retry WORKER_QUEUE_FULL")
     parser.add_argument("--request-id", default=None, help="name the call, for `cancel`")
+    durable = parser.add_mutually_exclusive_group()
+    durable.add_argument(
+        "--durable",
+        action="store_const",
+        const="on",
+        dest="durable",
+        help="submit the call, then look it up until it ends; fail if Sluice does not offer it",
+    )
+    durable.add_argument(
+        "--durable-auto",
+        action="store_const",
+        const="auto",
+        dest="durable",
+        help="as --durable when Sluice offers it, else the synchronous endpoint",
+    )
+    parser.set_defaults(durable=env("SLUICE_DURABLE", "off"))
     ops = parser.add_subparsers(dest="operation", required=True, metavar="operation")
 
     def op(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -190,6 +208,8 @@ def main(
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help and --version end here, with their own status
             return exc.code if isinstance(exc.code, int) else EXIT_OK
+        if args.durable not in _DURABLE_MODES:  # argparse checks choices, not defaults
+            raise _UsageError(f"SLUICE_DURABLE must be one of on, auto, off: {args.durable!r}")
         if not args.url or not args.key:
             raise _UsageError("--url and --key (or SLUICE_URL and SLUICE_API_KEY) are required")
         request = None if args.operation == "cancel" else request_from_args(args)
@@ -201,6 +221,7 @@ def main(
             max_rate_limit_wait_ms=args.max_rate_limit_wait_ms,
             max_request_timeout_ms=args.max_request_timeout_ms,
             retry_queue_full=args.retry_queue_full,
+            durable=_DURABLE_MODES[args.durable],
             transport=transport,
             **client_options,
         )

@@ -14,6 +14,7 @@ Reason = Literal["rejected", "invalid", "timeout", "failed", "insufficient_time"
 MAX_ERROR_BODY_BYTES = 4096
 
 NOT_STARTED_PHRASE = "The operation was not started"
+MAY_HAVE_RUN_TAIL = " The operation may have run: check the workspace before resending."
 
 # What an agent should do after each typed rejection. The keys are the codes of the contract's
 # pre-enqueue rejections (the 429 rate limit has no code: its body says error "rate_limited").
@@ -122,4 +123,4 @@ def rejected_message(
 def may_have_run_message(what: str) -> str:
     # Deliberately never says "not started": the outcome is unknown, so the caller must look
     # at the workspace before deciding to resend.
-    return f"{what}. The operation may have run: check the workspace before resending."
+    return f"{what}.{MAY_HAVE_RUN_TAIL}"

@@ -35,7 +35,7 @@ COMMAND_SETTLE_MS = 5_000
 # Time for the answer to travel back once the worker is done.
 DELIVERY_MS = 5_000
 # Transport failures that happen before any byte of the request leaves this process.
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,11 @@ class CallPolicy:
     def sent(self) -> None:
         self.attempts += 1
 
+    @property
+    def last_rejection(self) -> WorkspaceToolError | None:
+        """The typed rejection that earned the wait just taken, if any."""
+        return self._last_rejection
+
     # -- after an attempt --------------------------------------------------------------------
 
     def on_response(
@@ -187,12 +192,12 @@ class CallPolicy:
         try:
             validate_result(self._request, outcome)  # rule 8: exact keys, relative paths
         except ProtocolError as exc:
-            return self._invalid_result(exc.message)
+            return self.invalid_result(exc.message)
         return outcome
 
     def on_transport_error(self, exc: Exception) -> Fail:
         """An exception from the HTTP layer: fail once, never retry (rule 1)."""
-        not_sent = isinstance(exc, _NOT_SENT)
+        not_sent = isinstance(exc, NOT_SENT)
         is_timeout = isinstance(exc, httpx.TimeoutException)
         if not_sent:
             what = f"Could not reach Sluice ({type(exc).__name__}: {exc}); nothing was sent"
@@ -212,7 +217,7 @@ class CallPolicy:
             )
         )
 
-    def _invalid_result(self, problem: str) -> Fail:
+    def invalid_result(self, problem: str) -> Fail:
         return Fail(
             WorkspaceToolError(
                 may_have_run_message(

@@ -81,8 +81,11 @@ class Rejection:
 
 
 def read_limit(status: int) -> int:
-    """How many body bytes to read: one past the error limit, so an overlong body shows."""
-    return MAX_RESULT_BODY_BYTES + 1 if status == 200 else MAX_ERROR_BODY_BYTES + 1
+    """How many body bytes to read: one past the error limit, so an overlong body shows.
+
+    A 202 is a durable request's status, which carries the result once it is completed.
+    """
+    return MAX_RESULT_BODY_BYTES + 1 if status in (200, 202) else MAX_ERROR_BODY_BYTES + 1
 
 
 class BodyBuffer:
