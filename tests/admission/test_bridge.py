@@ -43,7 +43,7 @@ class Cast:
         caller = caller_for_api_key(self.result["api_key"])
         assert caller is not None
         self.caller: Caller = caller
-        self.auth = {"HTTP_AUTHORIZATION": f"Bearer {self.result['api_key']}"}
+        self.auth = {"Authorization": f"Bearer {self.result['api_key']}"}
 
     @property
     def worker_id(self) -> str:
@@ -131,6 +131,8 @@ def test_of_two_concurrent_redeemers_exactly_one_wins(owner: Cast) -> None:
             outcome = "token:" + pairing_redeem(code=code)["workerToken"]
         except Refusal as exc:
             outcome = exc.code
+        except Exception as exc:  # shown in the assertion below, not lost in the thread
+            outcome = f"error: {exc!r}"
         finally:
             connection.close()
         with lock:
@@ -172,16 +174,19 @@ def test_the_outsider_cannot_tell_the_owners_worker_id_from_a_fresh_one_and_neve
         "/v1/bridge/pairings",
         {"workerId": owner.worker_id},
         content_type="application/json",
-        **outsider.auth,
+        headers=outsider.auth,
     )
     mine = client.post(
-        "/v1/bridge/pairings", {"workerId": fresh}, content_type="application/json", **outsider.auth
+        "/v1/bridge/pairings",
+        {"workerId": fresh},
+        content_type="application/json",
+        headers=outsider.auth,
     )
     assert theirs.status_code == mine.status_code == 200
     assert set(theirs.json()) == set(mine.json())
     # Status and revoke of both: an offline worker the outsider is pairing, byte for byte.
     for worker_id in (owner.worker_id, fresh):
-        status = client.get(f"/v1/bridge/workers/{worker_id}/status", **outsider.auth)
+        status = client.get(f"/v1/bridge/workers/{worker_id}/status", headers=outsider.auth)
         assert status.status_code == 200
         assert (
             status.content
@@ -199,7 +204,7 @@ def test_the_outsider_cannot_tell_the_owners_worker_id_from_a_fresh_one_and_neve
         before.tenant_id,
         None,
     )
-    revoked = client.post(f"/v1/bridge/workers/{owner.worker_id}/revoke", **outsider.auth)
+    revoked = client.post(f"/v1/bridge/workers/{owner.worker_id}/revoke", headers=outsider.auth)
     # The outsider's own (spent) pairing is all it revokes.
     assert revoked.status_code == 200
     assert Worker.objects.get(worker_id=owner.worker_id).token_hash == before.token_hash
@@ -212,8 +217,8 @@ def test_status_and_revoke_of_another_tenants_worker_are_byte_for_byte_a_missing
     missing = new_id("owner")  # as long as the owner's id, so even Content-Length matches
     for verb, suffix in (("get", "status"), ("post", "revoke")):
         call = getattr(client, verb)
-        theirs = call(f"/v1/bridge/workers/{owner.worker_id}/{suffix}", **outsider.auth)
-        nobodys = call(f"/v1/bridge/workers/{missing}/{suffix}", **outsider.auth)
+        theirs = call(f"/v1/bridge/workers/{owner.worker_id}/{suffix}", headers=outsider.auth)
+        nobodys = call(f"/v1/bridge/workers/{missing}/{suffix}", headers=outsider.auth)
         assert theirs.status_code == nobodys.status_code == 404
         assert theirs.json()["code"] == "WORKER_NOT_FOUND"
         assert theirs.content.replace(owner.worker_id.encode(), b"X") == nobodys.content.replace(
@@ -304,7 +309,7 @@ def test_revoke_kills_the_token_tells_waiting_and_running_calls_and_is_idempoten
         "/v1/workers/heartbeat",
         {"workerId": owner.worker_id, "incarnationId": "0" * 32},
         content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {owner.result['worker_token']}",
+        headers={"Authorization": f"Bearer {owner.result['worker_token']}"},
     )
     assert response.status_code == 401
     # LibreChat retries a revoke until it succeeds: a second one answers the same.
@@ -344,7 +349,7 @@ def test_bad_input_is_a_typed_400_and_leaves_nothing_behind(
     owner: Cast, path: str, body: dict[str, Any], code: str
 ) -> None:
     before = WorkerPairing.objects.count(), Worker.objects.count()
-    response = Client().post(path, body, content_type="application/json", **owner.auth)
+    response = Client().post(path, body, content_type="application/json", headers=owner.auth)
     assert response.status_code == 400 and response.json()["code"] == code, response.content
     assert (WorkerPairing.objects.count(), Worker.objects.count()) == before
 
@@ -357,7 +362,7 @@ def test_the_bridge_routes_need_an_api_key_and_redeem_needs_none(owner: Cast) ->
         client.post(f"/v1/bridge/workers/{owner.worker_id}/revoke"),
         client.get(
             f"/v1/bridge/workers/{owner.worker_id}/status",
-            HTTP_AUTHORIZATION=f"Bearer {owner.result['worker_token']}",
+            headers={"Authorization": f"Bearer {owner.result['worker_token']}"},
         ),
     ):
         assert response.status_code == 401 and response.json()["code"] == "UNAUTHENTICATED"
@@ -368,7 +373,7 @@ def test_the_bridge_routes_need_an_api_key_and_redeem_needs_none(owner: Cast) ->
             "binding": {"tenantId": "lc", "principal": {"type": "user", "id": "u1"}},
         },
         content_type="application/json",
-        **owner.auth,
+        headers=owner.auth,
     ).json()
     redeemed = client.post(
         "/v1/bridge/pairings/redeem", {"code": pairing["code"]}, content_type="application/json"

@@ -38,7 +38,9 @@ def redeem_pairing(api_url: str, code: str) -> dict[str, Any]:
             follow_redirects=False,
         )
     except httpx.TransportError as exc:
-        raise PairingRefused(f"cannot reach the API at {api_url} to redeem the pairing code: {exc}")
+        raise PairingRefused(
+            f"cannot reach the API at {api_url} to redeem the pairing code: {exc}"
+        ) from None
     try:
         answer = response.json()
     except ValueError:
@@ -62,7 +64,9 @@ def redeem_pairing(api_url: str, code: str) -> dict[str, Any]:
         # It names the credentials file: never a path of the API's choosing.
         validate_worker_id(answer["workerId"])
     except ProtocolError:
-        raise PairingRefused(f"the API at {api_url} answered the pairing with a bad worker id")
+        raise PairingRefused(
+            f"the API at {api_url} answered the pairing with a bad worker id"
+        ) from None
     return answer
 
 
