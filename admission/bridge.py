@@ -241,7 +241,7 @@ def worker_status(*, caller: Caller, worker_id: str, now: datetime | None = None
 
 def worker_revoke(*, caller: Caller, worker_id: str, now: datetime | None = None) -> None:
     """Revoke the worker at once: its token and Redis user stop working, the calls waiting for
-    it are told WORKER_OFFLINE, its unspent pairing codes die. Idempotent (LibreChat retries a
+    it are told WORKER_OFFLINE, its unspent pairing codes expire. Idempotent (LibreChat retries a
     revoke until it succeeds), and an id the caller's tenant only paired is revoked as well."""
     at = _now(now)
     with transaction.atomic():
@@ -259,9 +259,11 @@ def worker_revoke(*, caller: Caller, worker_id: str, now: datetime | None = None
         )
         if worker is None and not pairings:
             raise refusals.worker_not_found(worker_id)
+        # Unspent codes die by expiring now. The rows stay, so a revoke that LibreChat retries
+        # (its first answer lost) still finds the id and answers the same.
         WorkerPairing.objects.filter(
-            pk__in=[pk for pk, spent in pairings if spent is None]
-        ).delete()
+            pk__in=[pk for pk, spent in pairings if spent is None], expires_at__gt=at
+        ).update(expires_at=at)
         if worker is not None:
             # A hash no secret was ever issued for: no token matches it any more.
             Worker.objects.filter(pk=worker.pk).update(

@@ -317,10 +317,14 @@ def test_revoke_kills_the_token_tells_waiting_and_running_calls_and_is_idempoten
     assert worker_status(caller=owner.caller, worker_id=owner.worker_id)["online"] is False
 
 
-def test_revoke_of_an_id_only_paired_kills_its_code(owner: Cast) -> None:
+def test_revoke_of_an_id_only_paired_kills_its_code_and_answers_the_same_when_retried(
+    owner: Cast,
+) -> None:
     pairing = pairing_create(caller=owner.caller, worker_id=new_id())
     worker_revoke(caller=owner.caller, worker_id=pairing.worker_id)
-    assert refusal(pairing_redeem, code=pairing.code).code == "PAIRING_CODE_UNKNOWN"
+    assert refusal(pairing_redeem, code=pairing.code).code == "PAIRING_CODE_EXPIRED"
+    worker_revoke(caller=owner.caller, worker_id=pairing.worker_id)
+    assert not Worker.objects.filter(worker_id=pairing.worker_id).exists()
 
 
 @pytest.mark.parametrize(
