@@ -16,6 +16,7 @@ any number of API processes and workers. Every key of one worker carries the has
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,8 @@ STATS_TTL_MS = 7 * 24 * 3600 * 1000
 REQUEST_ID_DONE_TTL_MS = 10 * 60 * 1000
 # A conversation instance stays bound to its principal this long after its last call.
 INSTANCE_TTL_MS = 24 * 3600 * 1000
+# The placeholder registration of a revoke lives this long at most (it is deleted at once).
+REVOKE_TTL_MS = 60_000
 ADMISSION_SCRIPTS = ("enter", "leave", "release", "settle", "register", "heartbeat", "deregister")
 
 
@@ -292,6 +295,34 @@ class SyncQueue(_Scripts):
             self.scripts["deregister"](
                 keys=[k.reg, k.queue, k.entries], args=[incarnation, k.wake_prefix]
             )
+        )
+
+    def registration(self, *, worker_id: str) -> tuple[str | None, int]:
+        """(the registered incarnation, ms left before the registration expires) for the
+        bridge's status; (None, 0) when the worker is not registered."""
+        reg = self.keys(worker_id).reg
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(reg, "inc")
+        pipe.pttl(reg)
+        incarnation, ttl_ms = pipe.execute()
+        if incarnation is None or int(ttl_ms) <= 0:
+            return None, 0
+        return _s(incarnation), int(ttl_ms)
+
+    def revoke(self, *, worker_id: str) -> int:
+        """A revoked worker (bridge, §4.5): calls waiting for it are told 'offline' (not
+        started), calls running on it 'vanished' (outcome unknown), and its registration is
+        gone, so new calls are refused as offline. Returns how many calls were told.
+
+        Two existing scripts, not a new one: registering an incarnation nobody holds, with no
+        slots, drops the queue exactly as a replacement does and grants nothing; deregistering
+        it then tells whatever entered in between and deletes the registration."""
+        tombstone = "revoked-" + uuid.uuid4().hex
+        waiting, running = self.register_incarnation(
+            worker_id=worker_id, incarnation=tombstone, slots=0, ttl_ms=REVOKE_TTL_MS
+        )
+        return (
+            waiting + running + max(self.deregister(worker_id=worker_id, incarnation=tombstone), 0)
         )
 
     def settle(

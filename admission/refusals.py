@@ -39,6 +39,29 @@ def worker_not_found(worker_id: str) -> Refusal:
     return Refusal("WORKER_NOT_FOUND", f"Worker {worker_id} was not found.")
 
 
+def worker_id_taken(worker_id: str) -> Refusal:
+    return Refusal(
+        "WORKER_ID_TAKEN",
+        f"Worker id {worker_id} cannot be paired; the code is spent. Pair again with another id.",
+    )
+
+
+def pairing_code_unknown() -> Refusal:
+    return Refusal("PAIRING_CODE_UNKNOWN", "This pairing code is unknown (or was revoked).")
+
+
+def pairing_code_used() -> Refusal:
+    return Refusal(
+        "PAIRING_CODE_USED",
+        "This pairing code was already used; create a new one. If you did not use it, "
+        "revoke the worker.",
+    )
+
+
+def pairing_code_expired() -> Refusal:
+    return Refusal("PAIRING_CODE_EXPIRED", "This pairing code has expired; create a new one.")
+
+
 def no_worker_selected() -> Refusal:
     return Refusal(
         "NO_WORKER_SELECTED",

@@ -2,6 +2,12 @@ from __future__ import annotations
 
 from django.urls import path
 
+from api.bridge import (
+    BridgePairingCreateApi,
+    BridgePairingRedeemApi,
+    BridgeWorkerRevokeApi,
+    BridgeWorkerStatusApi,
+)
 from api.schema import schema_docs_view, schema_view
 from api.workers import WorkerDeregisterApi, WorkerHeartbeatApi, WorkerRegisterApi
 from api.workspace_tools import WorkspaceToolsExecuteApi, WorkspaceToolsRequestCancelApi
@@ -16,6 +22,18 @@ urlpatterns = [
     path("v1/workers/register", WorkerRegisterApi.as_view(), name="worker-register"),
     path("v1/workers/heartbeat", WorkerHeartbeatApi.as_view(), name="worker-heartbeat"),
     path("v1/workers/deregister", WorkerDeregisterApi.as_view(), name="worker-deregister"),
+    path("v1/bridge/pairings", BridgePairingCreateApi.as_view(), name="bridge-pairings"),
+    path("v1/bridge/pairings/redeem", BridgePairingRedeemApi.as_view(), name="bridge-redeem"),
+    path(
+        "v1/bridge/workers/<str:worker_id>/status",
+        BridgeWorkerStatusApi.as_view(),
+        name="bridge-worker-status",
+    ),
+    path(
+        "v1/bridge/workers/<str:worker_id>/revoke",
+        BridgeWorkerRevokeApi.as_view(),
+        name="bridge-worker-revoke",
+    ),
     path("v1/schema/", schema_view, name="openapi-schema"),
     path("v1/schema/docs/", schema_docs_view, name="openapi-docs"),
 ]

@@ -392,6 +392,31 @@ def workers(p: Prober, worker_token: str, worker_id: str, *, slow: bool) -> None
     p.execute("worker offline", 503, "WORKER_OFFLINE", read, headers=headers)
 
 
+def bridge(p: Prober) -> None:
+    """The bridge routes (§4.5) on an id paired but never redeemed, so nothing runs behind it."""
+    auth = {"Authorization": f"Bearer {p.live.api_key}"}
+    worker_id = f"fuzz-env-{uuid.uuid4().hex[:12]}"
+    pairings, redeem = "/v1/bridge/pairings", "/v1/bridge/pairings/redeem"
+    status, revoke = (
+        f"/v1/bridge/workers/{worker_id}/status",
+        f"/v1/bridge/workers/{worker_id}/revoke",
+    )
+    rows: list[tuple[str, int, str | None, str, str, dict[str, Any]]] = [
+        ("pair", 200, None, "POST", pairings, {"json": {"workerId": worker_id}, "headers": auth}),
+        ("pair bad id", 400, "INVALID_WORKER_ID", "POST", pairings, {"json": {"workerId": "a b"}, "headers": auth}),
+        ("pair unknown key", 400, "INVALID_REQUEST", "POST", pairings, {"json": {"workerId": worker_id, "x": 1}, "headers": auth}),
+        ("pair no key", 401, "UNAUTHENTICATED", "POST", pairings, {"json": {"workerId": worker_id}}),
+        ("status while paired", 200, None, "GET", status, {"headers": auth}),
+        ("status unknown", 404, "WORKER_NOT_FOUND", "GET", f"/v1/bridge/workers/{uuid.uuid4().hex}/status", {"headers": auth}),
+        ("redeem bad code", 400, "INVALID_PAIRING_CODE", "POST", redeem, {"json": {"code": "short"}}),
+        ("redeem unknown code", 404, "PAIRING_CODE_UNKNOWN", "POST", redeem, {"json": {"code": "Z" * 32}}),
+        ("revoke", 200, None, "POST", revoke, {"headers": auth}),
+        ("revoke again", 200, None, "POST", revoke, {"headers": auth}),
+    ]  # fmt: skip
+    for label, status_code, code, method, path, kw in rows:
+        p.send(label, status_code, code, method, path, **kw)
+
+
 def service(p: Prober) -> None:
     for label, path in (
         ("healthz", "/healthz"),
@@ -411,7 +436,7 @@ def run_all(
     """
     prober = Prober(live)
     try:
-        for step in (results, worker_errors, refusals, waiting, limits, service):
+        for step in (results, worker_errors, refusals, waiting, limits, bridge, service):
             step(prober)
         workers(prober, spare_token, spare_worker_id, slow=slow)
     finally:

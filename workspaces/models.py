@@ -103,6 +103,9 @@ class Worker(models.Model):
         "Empty: not reported.",
     )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Set by the bridge's revoke (contract §4.5): its token and Redis user are gone. Cleared
+    # when a pairing code for it is redeemed again.
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -141,3 +144,31 @@ class WorkerWorkspace(models.Model):
 
     def __str__(self) -> str:
         return f"{self.worker.worker_id}:{self.workspace_id}"
+
+
+class WorkerPairing(models.Model):
+    """A single-use pairing code for a worker id (contract §4.5), kept only as its SHA-256.
+
+    A pairing names a worker id, not a worker row: the worker is created (or its token rotated)
+    only when the code is redeemed. Until then the id is visible to the pairing's own tenant
+    alone, so a tenant cannot tell from the answers it gets whether another tenant holds an id
+    (admission/bridge.py). `redeemed_at` is set once, by the one redeemer that wins.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="pairings")
+    worker_id = models.CharField(max_length=128, db_index=True)
+    code_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_by = models.ForeignKey(
+        Principal, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # LibreChat's {"tenantId", "principal": {"type", "id"}}: whom the worker serves there.
+    binding = models.JSONField(null=True, blank=True, default=None)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    redeemed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.name}:{self.worker_id} ({self.created_at:%Y-%m-%d %H:%M})"

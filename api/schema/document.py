@@ -23,6 +23,7 @@ from api.schema.bodies import (
     string,
     title,
 )
+from api.schema.bridge import bridge_paths, bridge_schemas
 from api.schema.patterns import PATTERNS
 from workspaces.runtime.config import MAX_SLOTS
 
@@ -120,6 +121,7 @@ def _components() -> Schema:
         "additionalProperties": False,
         "properties": {"database": check, "redis": check},
     }
+    schemas.update(bridge_schemas())
     return {
         "schemas": schemas,
         "securitySchemes": {
@@ -266,6 +268,7 @@ def _paths() -> Schema:
             _ok_object(ok={"type": "boolean", "const": True}, offline=integer(0)),
             "deregisterWorker",
         ),
+        **bridge_paths(),
         "/healthz": {
             "get": {
                 "operationId": "healthz",
@@ -351,6 +354,7 @@ def openapi_document() -> Schema:
         "tags": [
             {"name": "workspace-tools", "description": "Agents (API keys)."},
             {"name": "workers", "description": "Worker machines (worker tokens)."},
+            {"name": "bridge", "description": "Attaching workers from LibreChat (§4.5)."},
             {"name": "operations", "description": "Health and metrics."},
             {"name": "schema", "description": "This document."},
         ],

@@ -1,4 +1,5 @@
-"""The worker's HTTP conversation with the API: register, heartbeat, deregister."""
+"""The worker's HTTP conversation with the API: redeem a pairing code, register, heartbeat,
+deregister."""
 
 from __future__ import annotations
 
@@ -7,12 +8,66 @@ import time
 from typing import Any
 
 import httpx
+from sluice_protocol import ProtocolError, validate_worker_id
 
 log = logging.getLogger("sluice.worker")
 
 
 class RegistrationRefused(RuntimeError):
     pass
+
+
+class PairingRefused(RuntimeError):
+    """The pairing code could not be redeemed; the message is the one line runworker prints."""
+
+
+REDEEM_PATH = "/v1/bridge/pairings/redeem"
+
+
+def redeem_pairing(api_url: str, code: str) -> dict[str, Any]:
+    """Spend a pairing code for the worker's id, token and Redis URLs (contract §4.5).
+
+    One attempt, never retried: a code is single use, so a retry after an answer that was lost
+    on the way would only be told the code was used."""
+    url = api_url.rstrip("/") + REDEEM_PATH
+    try:
+        response = httpx.post(
+            url,
+            json={"protocolVersion": 1, "code": code},
+            timeout=httpx.Timeout(30.0, connect=5.0),
+            follow_redirects=False,
+        )
+    except httpx.TransportError as exc:
+        raise PairingRefused(
+            f"cannot reach the API at {api_url} to redeem the pairing code: {exc}"
+        ) from None
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    if response.status_code != 200:
+        why = answer.get("error") if isinstance(answer, dict) else None
+        code_name = answer.get("code") if isinstance(answer, dict) else None
+        raise PairingRefused(
+            f"the pairing code was refused ({response.status_code}"
+            + (f" {code_name}" if code_name else "")
+            + f"): {why or response.text[:200]}"
+        )
+    if not (
+        isinstance(answer, dict)
+        and isinstance(answer.get("workerId"), str)
+        and isinstance(answer.get("workerToken"), str)
+        and answer["workerToken"]
+    ):
+        raise PairingRefused(f"the API at {api_url} answered the pairing with something else")
+    try:
+        # It names the credentials file: never a path of the API's choosing.
+        validate_worker_id(answer["workerId"])
+    except ProtocolError:
+        raise PairingRefused(
+            f"the API at {api_url} answered the pairing with a bad worker id"
+        ) from None
+    return answer
 
 
 class ControlPlane:
@@ -56,8 +111,10 @@ class ControlPlane:
         raise RegistrationRefused("the API did not accept the registration; giving up")
 
     def heartbeat(self, incarnation: str) -> bool | str | None:
-        """True: alive. False: replaced (or the token was rotated). "lost": the registration is
-        gone but nobody replaced it (register again). None: the API could not be reached."""
+        """True: alive. False: replaced by another incarnation. "revoked": the token is no
+        longer accepted (revoked, rotated, or the worker paired again elsewhere). "lost": the
+        registration is gone but nobody replaced it (register again). None: the API could not
+        be reached."""
         try:
             response = self.http.post(
                 "/v1/workers/heartbeat",
@@ -69,8 +126,10 @@ class ControlPlane:
             return True
         if response.status_code == 410:
             return "lost"
-        if response.status_code in (401, 403, 409):
-            # Replaced, or our token was rotated or revoked: this incarnation is over.
+        if response.status_code == 401:
+            return "revoked"
+        if response.status_code in (403, 409):
+            # Replaced: this incarnation is over.
             return False
         return None
 

@@ -1,6 +1,7 @@
 """The worker credentials file: a worker's id, token and own Redis URLs, in one 0600 JSON file.
 
-`bootstrap --credentials-out FILE` writes it (so will pairing); `runworker --credentials FILE`
+`bootstrap --credentials-out FILE` writes it, and so does `runworker --pairing-code` with what
+redeeming the code returned (`save_pairing`); `runworker --credentials FILE`
 reads it, by default from `$XDG_CONFIG_HOME/sluice/worker-<id>.json` (`~/.config/...`). The
 file holds what lets anyone act as the worker, so a file that its group or other users can
 read is refused rather than used.
@@ -99,6 +100,21 @@ def write_credentials(path: Path, payload: dict[str, Any]) -> None:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+def save_pairing(answer: dict[str, Any], path: str | None) -> Path:
+    """Write what redeeming a pairing code returned (camelCase on the wire) as the credentials
+    file: at `path`, else the default file of the worker id it names. Returns the path."""
+    worker_id = answer["workerId"]
+    target = Path(path).expanduser() if path is not None else default_path(worker_id)
+    payload: dict[str, Any] = {"worker_id": worker_id, "worker_token": answer["workerToken"]}
+    if answer.get("redisUrl"):
+        payload["redis_url"] = answer["redisUrl"]
+        payload["admission_redis_url"] = answer.get("admissionRedisUrl") or answer["redisUrl"]
+        if answer.get("admissionRedisCluster") is True:
+            payload["admission_redis_cluster"] = True
+    write_credentials(target, payload)
+    return target
 
 
 def resolve_credentials(

@@ -27,8 +27,13 @@ from workspaces.runtime.config import (
     registration_workspaces,
     without_network,
 )
-from workspaces.runtime.control import ControlPlane, RegistrationRefused
-from workspaces.runtime.credfile import default_path, resolve_credentials
+from workspaces.runtime.control import (
+    ControlPlane,
+    PairingRefused,
+    RegistrationRefused,
+    redeem_pairing,
+)
+from workspaces.runtime.credfile import default_path, resolve_credentials, save_pairing
 from workspaces.runtime.orphans import kill_orphans
 from workspaces.sandbox import Limits, Sandbox, SandboxUnavailable, worker_sandbox
 from workspaces.signing import signing_key_for_token
@@ -52,6 +57,13 @@ class Command(BaseCommand):
             "--token",
             default=os.environ.get("SLUICE_WORKER_TOKEN"),
             help="The worker token; better given as SLUICE_WORKER_TOKEN (a command line is visible to ps).",
+        )
+        parser.add_argument(
+            "--pairing-code",
+            default=None,
+            metavar="CODE",
+            help="Redeem this single-use code (LibreChat's pairing) for the worker's id, token "
+            "and Redis URLs, save them as the credentials file, and start.",
         )
         parser.add_argument("--workspace", action="append", default=[], metavar="ID=PATH")
         parser.add_argument("--linked-worktree-lanes", action="store_true")
@@ -97,6 +109,23 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.revoked = False
+        pairing = options["pairing_code"]
+        if pairing is not None:
+            if options["worker_id"] is not None or options["token"]:
+                raise CommandError(
+                    "--pairing-code brings its own worker id and token: "
+                    "drop --worker-id and --token (and SLUICE_WORKER_TOKEN)"
+                )
+            try:
+                # Before the code is spent: a worker that would refuse to start must not use it up.
+                parse_workspaces(options["workspace"])
+                answer = redeem_pairing(options["api"], pairing)
+            except (WorkerConfigError, PairingRefused) as exc:
+                raise CommandError(str(exc)) from None
+            saved = save_pairing(answer, options["credentials"])
+            options["credentials"] = str(saved)
+            self.stdout.write(f"paired as worker {answer['workerId']}; credentials in {saved}")
         try:
             options["worker_id"], options["token"] = resolve_credentials(
                 worker_id=options["worker_id"],
@@ -198,10 +227,18 @@ class Command(BaseCommand):
             self._consume(answer["queue"], int(answer["slots"]))
         finally:
             stop.set()
-            # Drained: Celery's warm shutdown waited for the calls that had started.
-            control.deregister(state.incarnation)
+            # Drained: Celery's warm shutdown waited for the calls that had started. A revoked
+            # worker has nothing to deregister with: the revoke already took it offline.
+            if not self.revoked:
+                control.deregister(state.incarnation)
             worker_state.install(None)
-            self.stdout.write(f"worker {state.worker_id} deregistered")
+            if not self.revoked:
+                self.stdout.write(f"worker {state.worker_id} deregistered")
+        if self.revoked:
+            raise CommandError(
+                f"worker {state.worker_id} stopped: its token is no longer accepted (revoked, "
+                "rotated, or paired again elsewhere); shutting down. Pair it again to attach it."
+            )
 
     def _sandbox(
         self,
@@ -270,8 +307,13 @@ class Command(BaseCommand):
     ) -> None:
         while not stop.wait(settings.WORKER_HEARTBEAT_S):
             alive = control.heartbeat(state.incarnation)
+            if alive == "revoked":
+                # handle() says why in one line once Celery has stopped.
+                self.revoked = True
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
             if alive is False:
-                log.error("this incarnation was replaced (or its token rotated); shutting down")
+                log.error("this incarnation was replaced; shutting down")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             if alive == "lost":

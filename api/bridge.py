@@ -1,0 +1,101 @@
+"""The bridge routes LibreChat calls to attach a worker (contract §4.5), and the redeem route
+`runworker --pairing-code` calls. Thin: validate, one service (admission/bridge.py), answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from sluice_protocol import ProtocolError, validate_worker_id
+
+from admission.bridge import (
+    CODE_PATTERN,
+    PROTOCOL_VERSION,
+    pairing_create,
+    pairing_redeem,
+    worker_revoke,
+    worker_status,
+)
+from api.errors import invalid
+from api.workers import StrictCharField, StrictIntegerField, StrictSerializer
+from workspaces.access import Caller
+
+# LibreChat's CodeBridgePrincipalType.
+BINDING_PRINCIPAL_TYPES = ("deployment", "tenant", "user", "role", "group")
+
+
+class BindingPrincipalSerializer(StrictSerializer):
+    type = serializers.ChoiceField(BINDING_PRINCIPAL_TYPES)
+    id = StrictCharField(min_length=1, max_length=256)
+
+
+class BindingSerializer(StrictSerializer):
+    tenantId = StrictCharField(min_length=1, max_length=256)
+    principal = BindingPrincipalSerializer()
+
+
+class PairingSerializer(StrictSerializer):
+    workerId = StrictCharField(max_length=256)
+    binding = BindingSerializer(required=False)
+
+
+class RedeemSerializer(StrictSerializer):
+    code = StrictCharField(max_length=256)
+    protocolVersion = StrictIntegerField(min_value=1, max_value=1, required=False)
+
+
+def _worker_id(value: str) -> str:
+    try:
+        return validate_worker_id(value)
+    except ProtocolError as exc:
+        raise invalid(exc.code, exc.message) from None
+
+
+def _caller(request: Request) -> Caller:
+    return request.user.caller  # type: ignore[union-attr]
+
+
+class BridgePairingCreateApi(APIView):
+    def post(self, request: Request) -> Response:
+        data = PairingSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        binding: dict[str, Any] | None = data.validated_data.get("binding")
+        pairing = pairing_create(
+            caller=_caller(request),
+            worker_id=_worker_id(data.validated_data["workerId"]),
+            binding=None
+            if binding is None
+            else {**binding, "principal": dict(binding["principal"])},
+        )
+        return Response(pairing.as_json())
+
+
+class BridgePairingRedeemApi(APIView):
+    # The code is the credential: the worker machine holds no key yet.
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+
+    def post(self, request: Request) -> Response:
+        data = RedeemSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        code = data.validated_data["code"]
+        if CODE_PATTERN.fullmatch(code) is None:
+            raise invalid(
+                "INVALID_PAIRING_CODE", "A pairing code is 32 characters of [A-Za-z0-9_-]."
+            )
+        return Response(pairing_redeem(code=code))
+
+
+class BridgeWorkerStatusApi(APIView):
+    def get(self, request: Request, worker_id: str) -> Response:
+        return Response(worker_status(caller=_caller(request), worker_id=_worker_id(worker_id)))
+
+
+class BridgeWorkerRevokeApi(APIView):
+    def post(self, request: Request, worker_id: str) -> Response:
+        worker_revoke(caller=_caller(request), worker_id=_worker_id(worker_id))
+        return Response({"protocolVersion": PROTOCOL_VERSION, "revoked": True})
