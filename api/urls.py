@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from django.urls import path
 
+from api.requests import CapabilitiesApi, DurableRequestApi, DurableSubmitApi
 from api.schema import schema_docs_view, schema_view
 from api.workers import WorkerDeregisterApi, WorkerHeartbeatApi, WorkerRegisterApi
-from api.requests import CapabilitiesApi, DurableRequestApi, DurableSubmitApi
 from api.workspace_tools import WorkspaceToolsExecuteApi
 
 urlpatterns = [
