@@ -64,13 +64,13 @@ def test_a_durable_call_survives_the_death_of_the_process_that_accepted_it(
     doomed = start_api(live_env)
     caller = Caller(doomed.url, _headers(owner))
     rid = _rid()
-    marker = tmp_path / "ran"
+    marker = tmp_path / "a" / "ran.txt"
     try:
         long = caller.submit(command("a", "sleep 1.5"))
         wait_until(lambda: len(held(owner.worker_id)) == 1)
         with httpx.Client(base_url=doomed.url, timeout=10) as http:
             r = http.post(
-                REQUESTS, json=command("a", f"echo once >> {marker}"), headers=_headers(owner, rid)
+                REQUESTS, json=command("a", "echo once >> ran.txt"), headers=_headers(owner, rid)
             )
         assert r.status_code == 202, r.text
         assert r.json() == {"requestId": rid, "state": "queued"}
@@ -97,8 +97,8 @@ def test_a_repeated_id_creates_nothing_and_answers_the_existing_status(
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     rid = _rid()
-    marker = tmp_path / "count"
-    body = command("a", f"echo x >> {marker}")
+    marker = tmp_path / "a" / "count.txt"
+    body = command("a", "echo x >> count.txt")
     with api.client() as http:
         first = http.post(REQUESTS, json=body, headers=_headers(owner, rid))
         assert first.status_code == 202, first.text
@@ -125,12 +125,12 @@ def test_delete_cancels_a_queued_call_and_leaves_a_running_one_alone(
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     running, queued = _rid(), _rid()
-    never = tmp_path / "never"
+    never = tmp_path / "a" / "never.txt"
     with api.client() as http:
         r = http.post(REQUESTS, json=command("a", "sleep 1"), headers=_headers(owner, running))
         assert r.status_code == 202 and r.json()["state"] == "admitted", r.text
         r = http.post(
-            REQUESTS, json=command("a", f"touch {never}"), headers=_headers(owner, queued)
+            REQUESTS, json=command("a", "touch never.txt"), headers=_headers(owner, queued)
         )
         assert r.status_code == 202 and r.json()["state"] == "queued", r.text
         assert http.delete(f"{REQUESTS}/{running}", headers=_headers(owner)).json() == {
