@@ -8,9 +8,20 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:{w:ID}:q            ZSET  entry id by ticket: the FIFO, running entries included
     P adm:{w:ID}:e            HASH  entry id -> JSON entry (state, key, deadline, slot ...)
     P adm:{w:ID}:stats        HASH  counters (queue_full, settle_discarded)           (TTL 7 d)
+    P adm:{w:ID}:env          HASH  entry id -> its Celery envelope, until the grant pushes it
     P adm:{w:ID}:wake:<entry> LIST  pushes to one waiting request: grant, result, offline ...
+    P adm:{w:ID}:ds:<entry>   STRING  a durable call's status (JSON)          (TTL >= 10 min)
+    P adm:{w:ID}:row:<entry>  STRING  a durable call's completion row draft, then "done"
     P adm:{w:ID}:inst:<key>   STRING  the principal a conversation instance is bound to   (TTL 24 h)
     P adm:rid:{p:<principal>}:<request id>   STRING  "<worker id> <entry id>" or "done"
+    P celery:sluice.worker.ID LIST  the worker's Celery queue (kombu's key; see below)
+
+The grant is the dispatch: the scripts that grant (enter, leave, release, settle, and the
+pruning inside each) push a granted call's envelope onto the worker's Celery queue list
+themselves, when that list lives in the admission Redis (`dispatch_in_redis()`: one plain
+Redis for both, the default). On a Redis Cluster the broker is a separate Redis that no
+script can reach; then the grant's wake-up says so (dp = 0) and the API process that waits
+for the call pushes the envelope, as before.
 """
 
 from __future__ import annotations
@@ -20,7 +31,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from admission.scripts import register
+from workspaces.dispatch import broker_queue_key, worker_queue_name
 
 STATS_TTL_MS = 7 * 24 * 3600 * 1000
 # Finished request ids answer DELETE with "finished" for this long.
@@ -29,6 +43,8 @@ REQUEST_ID_DONE_TTL_MS = 10 * 60 * 1000
 INSTANCE_TTL_MS = 24 * 3600 * 1000
 # The placeholder registration of a revoke lives this long at most (it is deleted at once).
 REVOKE_TTL_MS = 60_000
+# Separates the offer tokens a call needs / a workspace offers (never in a token itself).
+OFFER_SEP = "\x1f"
 ADMISSION_SCRIPTS = ("enter", "leave", "release", "settle", "register", "heartbeat", "deregister")
 
 
@@ -40,9 +56,18 @@ class WorkerKeys:
     stats: str
     wake_prefix: str
     instance_prefix: str
+    env: str
+    status_prefix: str
+    row_prefix: str
 
     def wake(self, entry_id: str) -> str:
         return self.wake_prefix + entry_id
+
+    def status(self, entry_id: str) -> str:
+        return self.status_prefix + entry_id
+
+    def row(self, entry_id: str) -> str:
+        return self.row_prefix + entry_id
 
 
 def worker_keys(prefix: str, worker_id: str) -> WorkerKeys:
@@ -54,7 +79,33 @@ def worker_keys(prefix: str, worker_id: str) -> WorkerKeys:
         stats=f"{tag}:stats",
         wake_prefix=f"{tag}:wake:",
         instance_prefix=f"{tag}:inst:",
+        env=f"{tag}:env",
+        status_prefix=f"{tag}:ds:",
+        row_prefix=f"{tag}:row:",
     )
+
+
+def dispatch_in_redis() -> bool:
+    """Whether the admission scripts can push onto the workers' Celery queues themselves: the
+    broker is the admission Redis itself (never so on a cluster, whose broker is apart)."""
+    return not getattr(settings, "ADMISSION_REDIS_CLUSTER", False) and (
+        settings.ADMISSION_REDIS_URL == settings.CELERY_BROKER_URL
+    )
+
+
+def offer_tokens(
+    *,
+    operations: list[str] | frozenset[str],
+    lanes: bool,
+    edit_features: frozenset[str],
+    instruction_files: frozenset[str] | list[str],
+) -> str:
+    """One workspace's offer as the scripts read it (reg field o:<workspace>)."""
+    tokens = [f"op:{o}" for o in sorted(operations)]
+    tokens += ["lanes"] if lanes else []
+    tokens += [f"ef:{f}" for f in sorted(edit_features)]
+    tokens += [f"if:{p}" for p in sorted(instruction_files)]
+    return OFFER_SEP + OFFER_SEP.join(tokens) + OFFER_SEP
 
 
 def request_id_key(prefix: str, scope: str, request_id: str) -> str:
@@ -68,17 +119,20 @@ class Grant:
     incarnation: str
     admitted_ms: int
     exec_deadline_ms: int
+    # The script pushed the envelope onto the worker's queue; else the waiter must.
+    dispatched: bool = False
 
 
 @dataclass(frozen=True)
 class Entered:
-    status: str  # granted | waiting | full | offline
+    status: str  # granted | waiting | full | offline | refused
     ticket: int | None = None
     incarnation: str = ""
     grant: Grant | None = None
     now_ms: int = 0
     queue_deadline_ms: int = 0
     held: int = 0
+    code: str = ""
 
 
 def _s(value: Any) -> str:
@@ -92,6 +146,7 @@ def _grant(raw: list[Any]) -> Grant:
         incarnation=_s(raw[2]),
         admitted_ms=int(raw[3]),
         exec_deadline_ms=int(raw[4]),
+        dispatched=len(raw) > 5 and int(raw[5]) == 1,
     )
 
 
@@ -104,6 +159,8 @@ def parse_entered(raw: list[Any]) -> Entered:
         return Entered(status, int(raw[1]), _s(raw[2]), None, int(raw[3]), int(raw[4]))
     if status == "full":
         return Entered(status, held=int(raw[1]))
+    if status == "refused":
+        return Entered(status, code=_s(raw[1]))
     return Entered(status)
 
 
@@ -130,9 +187,17 @@ class _Scripts:
         self.scripts = {
             name: register(client, name, with_common=True) for name in ADMISSION_SCRIPTS
         }
+        self.dispatching = dispatch_in_redis()
 
     def keys(self, worker_id: str) -> WorkerKeys:
         return worker_keys(self.prefix, worker_id)
+
+    def dispatch_keys(self, worker_id: str) -> list[str]:
+        """The env HASH and, when the scripts can reach it, the worker's Celery queue list."""
+        k = self.keys(worker_id)
+        if not self.dispatching:
+            return [k.env]
+        return [k.env, broker_queue_key(worker_queue_name(worker_id))]
 
 
 class AsyncQueue(_Scripts):
@@ -149,11 +214,17 @@ class AsyncQueue(_Scripts):
         queue_limit: int,
         slot_ceiling: int,
         operation: str,
+        workspace_id: str = "",
+        needs: list[str] | None = None,
+        envelope: str = "",
+        durable: bool = False,
         now_ms: int | None = None,
     ) -> Entered:
+        """Enter a call. `needs` (offer tokens) makes every grant re-check the offer; `envelope`
+        is the call's Celery message, pushed to the worker by whichever script grants it."""
         k = self.keys(worker_id)
         raw = await self.scripts["enter"](
-            keys=[k.reg, k.queue, k.entries, k.stats],
+            keys=[k.reg, k.queue, k.entries, k.stats, *self.dispatch_keys(worker_id)],
             args=[
                 _now(now_ms),
                 entry_id,
@@ -166,6 +237,11 @@ class AsyncQueue(_Scripts):
                 k.wake_prefix,
                 operation,
                 STATS_TTL_MS,
+                workspace_id,
+                OFFER_SEP.join(needs) if needs else "",
+                envelope,
+                "1" if durable else "",
+                k.status_prefix,
             ],
         )
         return parse_entered(raw)
@@ -191,17 +267,22 @@ class AsyncQueue(_Scripts):
         entry_id: str,
         slot_ceiling: int,
         message: dict[str, Any] | None = None,
+        code: str = "",
         now_ms: int | None = None,
     ) -> tuple[str, Grant | None]:
+        """Take a waiting call out; `code` is what its durable status says (a failure code, or
+        REQUEST_CANCELLED for 'cancelled')."""
         k = self.keys(worker_id)
         raw = await self.scripts["leave"](
-            keys=[k.reg, k.queue, k.entries],
+            keys=[k.reg, k.queue, k.entries, *self.dispatch_keys(worker_id)],
             args=[
                 _now(now_ms),
                 entry_id,
                 slot_ceiling,
                 k.wake_prefix,
                 json.dumps(message) if message else "",
+                k.status_prefix,
+                code,
             ],
         )
         return parse_left(raw)
@@ -217,8 +298,8 @@ class AsyncQueue(_Scripts):
     ) -> bool:
         k = self.keys(worker_id)
         raw = await self.scripts["release"](
-            keys=[k.reg, k.queue, k.entries],
-            args=[_now(now_ms), entry_id, ticket, slot_ceiling, k.wake_prefix],
+            keys=[k.reg, k.queue, k.entries, *self.dispatch_keys(worker_id)],
+            args=[_now(now_ms), entry_id, ticket, slot_ceiling, k.wake_prefix, k.status_prefix],
         )
         return _s(raw[0]) == "released"
 
@@ -236,11 +317,61 @@ class AsyncQueue(_Scripts):
         return True
 
     async def claim_request_id(
-        self, *, scope: str, request_id: str, worker_id: str, entry_id: str, ttl_ms: int
+        self,
+        *,
+        scope: str,
+        request_id: str,
+        worker_id: str,
+        entry_id: str,
+        ttl_ms: int,
+        durable: bool = False,
     ) -> bool:
         """Bind a caller-chosen request id to this call; False when it names a live call already."""
         key = request_id_key(self.prefix, scope, request_id)
-        return bool(await self.client.set(key, f"{worker_id} {entry_id}", px=ttl_ms, nx=True))
+        value = f"{worker_id} {entry_id}" + (" d" if durable else "")
+        return bool(await self.client.set(key, value, px=ttl_ms, nx=True))
+
+    async def request_binding(self, *, scope: str, request_id: str) -> tuple[str, str, bool] | None:
+        """(worker id, entry id, durable) a request id is bound to; None when unknown or finished."""
+        bound = await self.client.get(request_id_key(self.prefix, scope, request_id))
+        if bound is None:
+            return None
+        parts = _s(bound).split(" ")
+        if len(parts) < 2:
+            return None
+        return parts[0], parts[1], parts[2:] == ["d"]
+
+    async def durable_status(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
+        raw = await self.client.get(self.keys(worker_id).status(entry_id))
+        return None if raw is None else dict(json.loads(raw))
+
+    async def redis_now_ms(self) -> int:
+        seconds, micros = await self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def row_draft_save(
+        self, *, worker_id: str, entry_id: str, row: str, request: str, ttl_ms: int
+    ) -> None:
+        """A durable call's row draft, and its request (its result is checked against it)."""
+        key = self.keys(worker_id).row(entry_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(key, row, px=ttl_ms)
+        pipe.set(key + ":req", request, px=ttl_ms)
+        await pipe.execute()
+
+    async def row_request(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
+        raw = await self.client.get(self.keys(worker_id).row(entry_id) + ":req")
+        return None if raw is None else dict(json.loads(raw))
+
+    async def row_draft_take(self, *, worker_id: str, entry_id: str, ttl_ms: int) -> str | None:
+        """The row draft, to the one caller that writes the row: it is replaced by "done" in
+        the same step, so a second caller (another process reading the status) gets None."""
+        raw = await self.client.set(
+            self.keys(worker_id).row(entry_id), "done", px=ttl_ms, get=True, xx=True
+        )
+        if raw is None or _s(raw) == "done":
+            return None
+        return _s(raw)
 
     async def finish_request_id(self, *, scope: str, request_id: str, dispatched: bool) -> None:
         """Mark a call's id finished, or free it when the call was never dispatched.
@@ -259,7 +390,8 @@ class AsyncQueue(_Scripts):
         bound = await self.client.get(request_id_key(self.prefix, scope, request_id))
         if bound is None:
             return None
-        worker_id, _, entry_id = _s(bound).partition(" ")
+        worker_id, _, rest = _s(bound).partition(" ")
+        entry_id = rest.partition(" ")[0]
         if not entry_id:
             return "finished"
         status, _ = await self.leave(
@@ -267,6 +399,7 @@ class AsyncQueue(_Scripts):
             entry_id=entry_id,
             slot_ceiling=slot_ceiling,
             message={"t": "cancelled"},
+            code="REQUEST_CANCELLED",
         )
         return {"left": "cancelled", "running": "running"}.get(status, "finished")
 
@@ -275,11 +408,26 @@ class SyncQueue(_Scripts):
     """The worker-facing side (plain redis): registration, heartbeats, settlement, snapshots."""
 
     def register_incarnation(
-        self, *, worker_id: str, incarnation: str, slots: int, ttl_ms: int
+        self,
+        *,
+        worker_id: str,
+        incarnation: str,
+        slots: int,
+        ttl_ms: int,
+        offer: dict[str, str] | None = None,
     ) -> tuple[int, int]:
+        """`offer`: workspace id -> `offer_tokens(...)`, what every grant checks calls against."""
         k = self.keys(worker_id)
         raw = self.scripts["register"](
-            keys=[k.reg, k.queue, k.entries], args=[incarnation, slots, ttl_ms, k.wake_prefix]
+            keys=[k.reg, k.queue, k.entries, k.env],
+            args=[
+                incarnation,
+                slots,
+                ttl_ms,
+                k.wake_prefix,
+                k.status_prefix,
+                json.dumps(offer) if offer is not None else "",
+            ],
         )
         return int(raw[0]), int(raw[1])
 
@@ -293,7 +441,8 @@ class SyncQueue(_Scripts):
         k = self.keys(worker_id)
         return int(
             self.scripts["deregister"](
-                keys=[k.reg, k.queue, k.entries], args=[incarnation, k.wake_prefix]
+                keys=[k.reg, k.queue, k.entries, k.env],
+                args=[incarnation, k.wake_prefix, k.status_prefix],
             )
         )
 
@@ -337,7 +486,7 @@ class SyncQueue(_Scripts):
     ) -> bool:
         k = self.keys(worker_id)
         raw = self.scripts["settle"](
-            keys=[k.reg, k.queue, k.entries, k.stats],
+            keys=[k.reg, k.queue, k.entries, k.stats, *self.dispatch_keys(worker_id)],
             args=[
                 _now(now_ms),
                 entry_id,
@@ -346,9 +495,26 @@ class SyncQueue(_Scripts):
                 json.dumps(payload),
                 k.wake_prefix,
                 STATS_TTL_MS,
+                k.status_prefix,
             ],
         )
         return _s(raw[0]) == "accepted"
+
+    def grant_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
+        """The grant facts of a running entry (ticket, slot, incarnation, exec deadline), which
+        the worker takes from here rather than from the message that carried the assignment."""
+        raw = self.client.hget(self.keys(worker_id).entries, entry_id)
+        if raw is None:
+            return None
+        entry = decode_entry(raw)
+        if entry.get("st") != "r":
+            return None
+        return {
+            "ticket": int(entry["seq"]),
+            "slot": int(entry["slot"]),
+            "incarnation": str(entry["inc"]),
+            "execDeadlineMs": int(entry["dl"]),
+        }
 
     def snapshot(
         self, worker_id: str

@@ -15,6 +15,7 @@ from django.utils import timezone
 from admission.connections import sync_queue
 from admission.credentials import worker_credentials_restore
 from admission.policy import current_policy
+from admission.services import workspace_offer_tokens
 from workspaces.dispatch import worker_queue_name
 from workspaces.models import Worker, WorkerWorkspace
 
@@ -73,8 +74,23 @@ def worker_register(
         )
     # Postgres first: a call admitted against the old incarnation in between is dropped
     # by the Redis step below and answered WORKER_OFFLINE.
+    # Redis gets the offer too: the scripts that grant check every call against it, so a
+    # withdrawn offer refuses a waiting call (WORKER_MISMATCH) with no API process involved.
+    offer = {
+        w.workspace_id: workspace_offer_tokens(
+            operations=w.operations,
+            linked_worktree_lanes=w.linked_worktree_lanes,
+            edit_features=w.edit_features,
+            instruction_files=w.instruction_files,
+        )
+        for w in workspaces
+    }
     sync_queue().register_incarnation(
-        worker_id=worker.worker_id, incarnation=incarnation, slots=slots, ttl_ms=_ttl_ms()
+        worker_id=worker.worker_id,
+        incarnation=incarnation,
+        slots=slots,
+        ttl_ms=_ttl_ms(),
+        offer=offer,
     )
     return {
         "incarnationId": incarnation,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -30,12 +31,13 @@ from admission.connections import async_broker
 from admission.dbthread import in_db_thread
 from admission.models import Quarantine
 from admission.policy import Policy, acurrent_policy
-from admission.queue import AsyncQueue, Grant
+from admission.queue import AsyncQueue, Grant, offer_tokens
 from admission.ratelimit import RateDecision, RateLimiter
-from admission.selectors import Target, call_target
+from admission.selectors import Target
 from workspaces.access import Caller
-from workspaces.dispatch import assignment_dispatch
-from workspaces.features import offer_gap, request_needs
+from workspaces.dispatch import assignment_message
+from workspaces.features import effective_edit_features, offer_gap, request_needs
+from workspaces.models import Worker
 from workspaces.secrets import keyed_hash
 from workspaces.signing import sign, signing_key, unsigned, verify
 
@@ -51,6 +53,18 @@ SETTLE_GRACE_MS = 500
 PRUNED_EARLY_S = 1.0
 
 
+# A durable call's request id stays bound this long past its deadlines (its status's life).
+DURABLE_KEEP_MS = 16 * 60 * 1000
+
+
+class DurableExists(Exception):
+    """A durable POST repeated a request id this principal's earlier durable call holds."""
+
+    def __init__(self, *, worker_id: str, entry_id: str) -> None:
+        super().__init__(entry_id)
+        self.worker_id, self.entry_id = worker_id, entry_id
+
+
 @dataclass
 class Call:
     caller: Caller
@@ -62,6 +76,10 @@ class Call:
     target: Target | None = None
     request_id_claimed: bool = False
     dispatched: bool = False
+    # Durable (§2.7): the call outlives its HTTP request; `entered` is set once it is in the
+    # queue (the 202 goes out then), and its status lives in Redis.
+    durable: bool = False
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
     entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     response_headers: dict[str, str] = field(default_factory=dict)
 
@@ -146,7 +164,10 @@ async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadlin
                 raise refusals.worker_offline(call.worker_id)
             break
     status, grant = await queue.leave(
-        worker_id=call.worker_id, entry_id=call.entry_id, slot_ceiling=policy.max_lease_slots
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        slot_ceiling=policy.max_lease_slots,
+        code="WORKSPACE_QUEUE_TIMEOUT",
     )
     if status == "running" and grant is not None:
         # Granted in the same instant the budget ran out: the grant wins, the push is spent.
@@ -168,7 +189,10 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
             incarnation="",
             admitted_ms=int(message["ta"]),
             exec_deadline_ms=int(message["dl"]),
+            dispatched=int(message.get("dp") or 0) == 1,
         )
+    if kind == "mismatch":
+        raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
     if kind == "cancelled":
         call.draft.outcome = "cancelled"
         raise refusals.request_cancelled()
@@ -210,7 +234,7 @@ def _result_invalid(call: Call, what: str, exc: ProtocolError) -> refusals.Refus
     return refusals.result_invalid(what)
 
 
-async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, Any]:
+async def settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     body = unsigned(message)
     if not verify(
         _key(call), "settlement", {"entry": call.entry_id, "payload": body}, message.get("sig")
@@ -234,6 +258,26 @@ async def _settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, A
     raise refusals.worker_refused(code, text)
 
 
+def worker_signing_key(worker_id: str) -> bytes | None:
+    """The key a worker signs its settlements with (its token's hash), for a durable status."""
+    token_hash = Worker.objects.filter(worker_id=worker_id).values_list("token_hash", flat=True)
+    found = token_hash.first()
+    return signing_key(found) if found else None
+
+
+def quarantine_row(*, row: dict[str, Any], reason: str) -> None:
+    """Quarantine a durable call's key from its completion row draft (no Call object left)."""
+    Quarantine.objects.create(
+        worker_id=row["worker_id"],
+        workspace_id=row["workspace_id"],
+        worktree=row["worktree"],
+        isolation_key_hash=row["isolation_key_hash"],
+        operation=row["operation"],
+        reason=reason[:512],
+        request_id=row["request_id"],
+    )
+
+
 def quarantine_key(*, call: Call, reason: str) -> None:
     Quarantine.objects.create(
         worker_id=call.worker_id,
@@ -246,22 +290,51 @@ def quarantine_key(*, call: Call, reason: str) -> None:
     )
 
 
+def withdrawn_message(worker_id: str) -> str:
+    return f"Worker {worker_id} no longer offers this call on its workspace"
+
+
 def _assignment(
-    call: Call, grant: Grant, incarnation: str, exec_budget_ms: int, command_timeout_ms: int
+    call: Call, incarnation: str, exec_budget_ms: int, command_timeout_ms: int
 ) -> dict[str, Any]:
+    """The signed assignment, prepared before the call enters the queue. It holds no grant
+    facts (ticket, slot, exec deadline): the worker reads those from the call's entry in
+    Redis, which only the grant writes, so the signed part stays the same from entry to run."""
     assignment = {
         "assignmentId": call.entry_id,
         "workerId": call.worker_id,
         "incarnation": incarnation,
-        "ticket": grant.ticket,
-        "slot": grant.slot,
         "request": call.request,
-        "execDeadlineMs": grant.exec_deadline_ms,
         "remainingMs": exec_budget_ms,
         "commandTimeoutMs": command_timeout_ms,
     }
     assignment["sig"] = sign(_key(call), "assignment", assignment)
     return assignment
+
+
+def call_needs(request: dict[str, Any]) -> list[str]:
+    """The offer tokens (admission.queue.offer_tokens) a call needs of its workspace."""
+    needs = request_needs(request)
+    tokens = [f"op:{request['operation']}"]
+    tokens += ["lanes"] if request.get("worktree") else []
+    tokens += [f"ef:{f}" for f in sorted(needs.edit_features)]
+    tokens += [f"if:{needs.instruction_file}"] if needs.instruction_file is not None else []
+    return tokens
+
+
+def workspace_offer_tokens(
+    *,
+    operations: list[str],
+    linked_worktree_lanes: bool,
+    edit_features: list[str] | None,
+    instruction_files: list[dict[str, object]],
+) -> str:
+    return offer_tokens(
+        operations=operations,
+        lanes=linked_worktree_lanes,
+        edit_features=effective_edit_features(edit_features),
+        instruction_files=[str(f.get("path")) for f in instruction_files],
+    )
 
 
 def _key(call: Call) -> bytes:
@@ -296,9 +369,15 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
                 request_id=call.request_id,
                 worker_id=call.worker_id,
                 entry_id=call.entry_id,
-                ttl_ms=queue_ms + exec_ms + 60_000,
+                ttl_ms=queue_ms + exec_ms + 60_000 + (DURABLE_KEEP_MS if call.durable else 0),
+                durable=call.durable,
             )
             if not claimed:
+                bound = await queue.request_binding(
+                    scope=call.caller.scope, request_id=call.request_id
+                )
+                if call.durable and bound is not None and bound[2]:
+                    raise DurableExists(worker_id=bound[0], entry_id=bound[1])
                 raise refusals.request_id_taken()
             call.request_id_claimed = True
         return await _admitted_call(call, queue, policy, target, queue_ms, exec_ms, queue_deadline)
@@ -318,7 +397,8 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
         # Only the call that bound the id marks it finished; a refused duplicate must not.
         # A call that was never dispatched frees its id, so a client may resend it under the
         # same id; one that may have run keeps it ("finished") so a replay is refused.
-        if call.request_id_claimed:
+        # A durable call's id names its status for as long as that lives.
+        if call.request_id_claimed and not (call.durable and call.entered.is_set()):
             with contextlib.suppress(RedisError, asyncio.CancelledError):
                 await asyncio.shield(
                     queue.finish_request_id(
@@ -339,6 +419,24 @@ async def _admitted_call(
     queue_deadline: float,
 ) -> dict[str, Any]:
     draft = call.draft
+    command_timeout = deadlines.command_timeout_ms(
+        request=call.request, job_timeout_ms=policy.job_timeout_ms
+    )
+    # Signed against the incarnation the offer was read with: a call entering under another
+    # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
+    assignment = _assignment(call, target.incarnation_id, exec_ms, command_timeout)
+    expires = datetime.fromtimestamp(time.time() + (queue_ms + exec_ms) / 1000, tz=UTC)
+    broker_key, envelope = assignment_message(assignment, expires=expires)
+    if call.durable:
+        # Whoever sees the call end first writes its row from this draft (api/requests.py),
+        # this process or, if it died, any other one answering the call's status.
+        await queue.row_draft_save(
+            worker_id=call.worker_id,
+            entry_id=call.entry_id,
+            row=json.dumps(draft.row()),
+            request=json.dumps(call.request),
+            ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
+        )
     entered = await queue.enter(
         worker_id=call.worker_id,
         entry_id=call.entry_id,
@@ -348,16 +446,34 @@ async def _admitted_call(
         queue_limit=policy.worker_queue_limit,
         slot_ceiling=policy.max_lease_slots,
         operation=call.operation,
+        workspace_id=str(call.request["workspaceId"]),
+        needs=call_needs(call.request),
+        envelope=envelope,
+        durable=call.durable,
     )
     if entered.status == "full":
         raise refusals.queue_full(call.worker_id, entered.held)
     if entered.status == "offline":
         raise refusals.worker_offline(call.worker_id)
+    if entered.status == "refused":
+        if entered.code == "WORKER_MISMATCH":
+            raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
+        raise refusals.worker_offline(call.worker_id)
     draft.fencing_ticket = entered.ticket
+    call.entered.set()
     waited = entered.grant is None
+    if entered.grant is not None and entered.grant.dispatched:
+        # From the grant on, the assignment may have reached the worker.
+        call.dispatched = True
     try:
-        with shutdown.waiting(call.worker_id, call.entry_id):
-            if waited and shutdown.stopping():
+        # A durable call outlives this process: a shutdown leaves it queued.
+        marked = (
+            contextlib.nullcontext()
+            if call.durable
+            else shutdown.waiting(call.worker_id, call.entry_id)
+        )
+        with marked:
+            if waited and shutdown.stopping() and not call.durable:
                 # Entered after the shutdown sweep: leave as the sweep would have made it.
                 await queue.leave(
                     worker_id=call.worker_id,
@@ -379,46 +495,14 @@ async def _admitted_call(
     draft.queue_wait_ms = int((admitted_at - draft.started_monotonic) * 1000)
     draft.slot_index = grant.slot
     draft.admission_outcome = "admitted"
-    incarnation = entered.incarnation
-    try:
-        if waited:
-            # The worker may have been replaced or its offer withdrawn while this call waited.
-            fresh = await in_db_thread(
-                call_target,
-                caller=call.caller,
-                worker_id=call.worker_id,
-                workspace_id=str(call.request["workspaceId"]),
-                key_hash=draft.isolation_key_hash,
-            )
-            if fresh is None or fresh.incarnation_id != incarnation:
-                raise refusals.worker_offline(call.worker_id)
-            check_target(call, fresh)
-        elif target.incarnation_id != incarnation:
-            # Granted at entry: the offer was read just before entering, so it only needs to
-            # belong to the incarnation that granted (a re-registration in between does not).
-            raise refusals.worker_offline(call.worker_id)
-    except BaseException:
-        await asyncio.shield(
-            queue.release(
-                worker_id=call.worker_id,
-                entry_id=call.entry_id,
-                ticket=grant.ticket,
-                slot_ceiling=policy.max_lease_slots,
-            )
-        )
-        raise
-    command_timeout = deadlines.command_timeout_ms(
-        request=call.request, job_timeout_ms=policy.job_timeout_ms
-    )
-    assignment = _assignment(call, grant, incarnation, exec_ms, command_timeout)
+    call.dispatched = True
+    if not grant.dispatched:
+        # The scripts could not reach the broker (admission on a Redis Cluster): push it here.
+        try:
+            await async_broker().lpush(broker_key, envelope)
+        except Exception:
+            log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
     exec_deadline = admitted_at + exec_ms / 1000
-    expires = datetime.fromtimestamp(time.time() + exec_ms / 1000, tz=UTC)
-    try:
-        # From here on the assignment may have reached the worker: no answer may say "not started".
-        call.dispatched = True
-        await assignment_dispatch(async_broker(), assignment=assignment, expires=expires)
-    except Exception:
-        log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
     try:
         message = await _wait_for_result(call, queue, grant, exec_deadline, policy)
     except asyncio.CancelledError:
@@ -426,16 +510,23 @@ async def _admitted_call(
         raise
     finally:
         draft.exec_ms = int((time.monotonic() - admitted_at) * 1000)
-    return await _settlement_answer(call, message)
+    return await settlement_answer(call, message)
 
 
 async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy) -> None:
-    """A waiter went away: take it out of the queue; if it was granted meanwhile, free the slot."""
+    """A waiter went away: take it out of the queue. Granted meanwhile, the call is running
+    (its grant dispatched it) and is left alone, unless its envelope still waits for this
+    process to push it: then the slot is freed and the call never runs."""
     try:
         status, grant = await queue.leave(
-            worker_id=call.worker_id, entry_id=call.entry_id, slot_ceiling=policy.max_lease_slots
+            worker_id=call.worker_id,
+            entry_id=call.entry_id,
+            slot_ceiling=policy.max_lease_slots,
+            code="CLIENT_DISCONNECTED",
         )
-        if status == "running" and grant is not None:
+        if status == "running" and grant is not None and grant.dispatched:
+            call.dispatched = True
+        elif status == "running" and grant is not None:
             await queue.release(
                 worker_id=call.worker_id,
                 entry_id=call.entry_id,

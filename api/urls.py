@@ -8,15 +8,18 @@ from api.bridge import (
     BridgeWorkerRevokeApi,
     BridgeWorkerStatusApi,
 )
+from api.requests import CapabilitiesApi, DurableRequestApi, DurableSubmitApi
 from api.schema import schema_docs_view, schema_view
 from api.workers import WorkerDeregisterApi, WorkerHeartbeatApi, WorkerRegisterApi
-from api.workspace_tools import WorkspaceToolsExecuteApi, WorkspaceToolsRequestCancelApi
+from api.workspace_tools import WorkspaceToolsExecuteApi
 
 urlpatterns = [
     path("v1/workspace-tools/execute", WorkspaceToolsExecuteApi.as_view(), name="execute"),
+    path("v1/workspace-tools/capabilities", CapabilitiesApi.as_view(), name="capabilities"),
+    path("v1/workspace-tools/requests", DurableSubmitApi.as_view(), name="request-submit"),
     path(
         "v1/workspace-tools/requests/<str:request_id>",
-        WorkspaceToolsRequestCancelApi.as_view(),
+        DurableRequestApi.as_view(),
         name="request-cancel",
     ),
     path("v1/workers/register", WorkerRegisterApi.as_view(), name="worker-register"),

@@ -6,12 +6,33 @@
 -- Running entries stay in the queue and count toward WORKER_QUEUE_LIMIT until released.
 -- Clock: ARGV now_ms when a test passes one, else Redis server TIME, so API hosts and
 -- workers (whose clocks may differ) all see one clock.
+--
+-- The grant is the dispatch: an entry may come with its prepared assignment (a Celery
+-- envelope in the worker's env HASH, entry id -> message). The script that grants it checks
+-- the call against the registration (same incarnation; the workspace still offers what the
+-- call needs, fields o:<workspace> of the reg HASH) and LPUSHes the envelope onto the
+-- worker's Celery queue list in the same step, so no API process has to be alive for a
+-- granted call to reach its worker. A durable call (du = 1) also has a status STRING
+-- (ds:<entry id>) that every step of its life rewrites. See setup() for the keys.
 
 local WAKE_TTL_MS = 60000
 -- A grant pushed to a waiter that was blocked on its wake list is taken at once. One still
 -- lying in the list this long after the grant means nobody is listening (the API process
 -- died): the entry is dropped instead of holding its slot until its exec deadline.
 local CLAIM_MS = 3000
+
+-- Terminal statuses stay readable this long (contract §2.7: at least 10 minutes).
+local STATUS_DONE_TTL_MS = 900000
+local SEP = '\31'
+
+-- Per-script dispatch context: reg key, env HASH, broker list key (nil: the API pushes the
+-- envelope itself, e.g. when admission runs on a Redis Cluster the broker is not part of),
+-- status key prefix.
+local D = {reg = nil, q = nil, env = nil, broker = nil, ds = ''}
+
+local function setup(kreg, kq, kenv, kbroker, ds_prefix)
+  D.reg, D.q, D.env, D.broker, D.ds = kreg, kq, kenv, kbroker, ds_prefix or ''
+end
 
 local function clock_ms(arg)
   if arg ~= nil and arg ~= '' and arg ~= '0' then
@@ -23,6 +44,37 @@ end
 
 local function conflicts(a, b)
   return a.base == b.base and (a.lane == '' or b.lane == '' or a.lane == b.lane)
+end
+
+local function remove_entry(kq, ke, id)
+  redis.call('ZREM', kq, id)
+  redis.call('HDEL', ke, id)
+  if D.env then
+    redis.call('HDEL', D.env, id)
+  end
+end
+
+-- A durable call's status (contract §2.7). Live states last until the entry's deadline plus
+-- the terminal TTL; terminal ones STATUS_DONE_TTL_MS.
+local function set_status(e, state, extra, now)
+  if e.du ~= 1 or D.ds == '' then
+    return
+  end
+  local s = {state = state, dl = e.dl, seq = e.seq, t0 = e.t0}
+  if e.slot ~= nil then s.slot = e.slot end
+  if e.ta ~= nil then s.ta = e.ta end
+  if extra then
+    for k, v in pairs(extra) do s[k] = v end
+  end
+  local ttl = STATUS_DONE_TTL_MS
+  if state == 'queued' or state == 'admitted' then
+    ttl = e.dl - now + STATUS_DONE_TTL_MS
+  end
+  redis.call('SET', D.ds .. e.id, cjson.encode(s), 'PX', ttl)
+end
+
+local function fail_status(e, code, now)
+  set_status(e, 'failed', {code = code}, now)
 end
 
 -- Entries in arrival order, with those past their own deadline (or never claimed) removed.
@@ -39,10 +91,14 @@ local function load_entries(kq, ke, now, wake_prefix)
     local unclaimed = e ~= nil and e.st == 'r' and e.wk == 1 and now - e.ta >= CLAIM_MS
       and redis.call('LLEN', wake_prefix .. id) > 0
     if e == nil or e.dl <= now or unclaimed then
-      redis.call('ZREM', kq, id)
-      redis.call('HDEL', ke, id)
+      remove_entry(kq, ke, id)
       if unclaimed then
         redis.call('DEL', wake_prefix .. id)
+      end
+      if e ~= nil then
+        -- Past its queue deadline while waiting: not started. Past its exec deadline while
+        -- running: outcome unknown.
+        fail_status(e, e.st == 'w' and 'WORKSPACE_QUEUE_TIMEOUT' or 'ASSIGNMENT_EXPIRED', now)
       end
     else
       entries[#entries + 1] = e
@@ -51,31 +107,66 @@ local function load_entries(kq, ke, now, wake_prefix)
   return entries
 end
 
-local function remove_entry(kq, ke, id)
-  redis.call('ZREM', kq, id)
-  redis.call('HDEL', ke, id)
-end
-
 local function push_wake(wake_prefix, id, message, ttl_ms)
   local key = wake_prefix .. id
   redis.call('RPUSH', key, message)
   redis.call('PEXPIRE', key, ttl_ms)
 end
 
+-- Whether the registration still takes this call: the incarnation it entered under, and the
+-- workspace's offer (reg field o:<workspace>, SEP-delimited tokens) covers what it needs.
+-- Returns nil, or the refusal code (WORKER_OFFLINE: a waiting call never moves to a
+-- replacement incarnation; WORKER_MISMATCH: the offer was withdrawn).
+local function refusal_of(e, inc)
+  if e.inc ~= inc then
+    return 'WORKER_OFFLINE'
+  end
+  if e.nd == nil then
+    return nil
+  end
+  local offer = redis.call('HGET', D.reg, 'o:' .. e.ws)
+  if not offer then
+    return 'WORKER_MISMATCH'
+  end
+  for _, tok in ipairs(e.nd) do
+    if not string.find(offer, SEP .. tok .. SEP, 1, true) then
+      return 'WORKER_MISMATCH'
+    end
+  end
+  return nil
+end
+
 -- Start every waiting entry that may start: a slot is free, its key conflicts with no
 -- running entry and with no older entry that is still waiting. Each takes the lowest free
--- slot index and gets a fresh exec deadline (admission time + its exec budget). Granted
--- entries are saved and woken (but skip_id, whose caller is told directly); returns them.
+-- slot index and gets a fresh exec deadline (admission time + its exec budget). A waiting
+-- entry the registration no longer takes is refused (removed, told, status failed) on the
+-- way. A granted entry's envelope is pushed to the worker's Celery queue (dp = 1) when this
+-- script can reach it; otherwise its waiter must push it and claim the grant (wk = 1).
+-- Granted entries are saved and woken (but skip_id, whose caller is told directly).
 local function grant(entries, now, slots, ke, wake_prefix, skip_id)
   local used, running, blocked, granted = {}, {}, {}, {}
+  local inc = redis.call('HGET', D.reg, 'inc')
+  local kept = {}
   for _, e in ipairs(entries) do
+    local refused = e.st == 'w' and refusal_of(e, inc) or nil
+    if refused then
+      remove_entry(D.q, ke, e.id)
+      local kind = refused == 'WORKER_OFFLINE' and 'offline' or 'mismatch'
+      push_wake(wake_prefix, e.id, cjson.encode({t = kind}), WAKE_TTL_MS)
+      fail_status(e, refused, now)
+      e.refused = refused
+    else
+      kept[#kept + 1] = e
+    end
+  end
+  for _, e in ipairs(kept) do
     if e.st == 'r' then
       used[e.slot] = true
       running[#running + 1] = e
     end
   end
   local free = slots - #running
-  for _, e in ipairs(entries) do
+  for _, e in ipairs(kept) do
     if free <= 0 then
       break
     end
@@ -103,12 +194,19 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     end
   end
   for _, e in ipairs(granted) do
-    if e.id ~= skip_id then
+    local envelope = D.env and D.broker and redis.call('HGET', D.env, e.id) or nil
+    if envelope then
+      redis.call('LPUSH', D.broker, envelope)
+      redis.call('HDEL', D.env, e.id)
+      e.dp = 1
+    elseif e.id ~= skip_id then
       e.wk = 1
     end
     redis.call('HSET', ke, e.id, cjson.encode(e))
+    set_status(e, 'admitted', nil, now)
     if e.id ~= skip_id then
-      push_wake(wake_prefix, e.id, cjson.encode({t = 'grant', slot = e.slot, seq = e.seq, ta = e.ta, dl = e.dl}),
+      push_wake(wake_prefix, e.id,
+        cjson.encode({t = 'grant', slot = e.slot, seq = e.seq, ta = e.ta, dl = e.dl, dp = e.dp or 0}),
         e.dl - now + WAKE_TTL_MS)
     end
   end
@@ -124,6 +222,9 @@ local function refresh_ttl(kq, ke, entries, now)
   if last > 0 then
     redis.call('PEXPIRE', kq, last - now + WAKE_TTL_MS)
     redis.call('PEXPIRE', ke, last - now + WAKE_TTL_MS)
+    if D.env then
+      redis.call('PEXPIRE', D.env, last - now + WAKE_TTL_MS)
+    end
   end
 end
 

@@ -1,17 +1,22 @@
 -- enter: admit a call to a worker's queue, or refuse it at once.
 -- Prunes expired entries, refuses when the worker is not registered ('offline') or already
 -- holds queue_limit entries, running ones included ('full'); else appends the entry with the
--- next ticket and grants what may start (this entry and, when a slot just freed by expiry,
--- older ones too).
--- KEYS: 1 reg (HASH inc, slots, ceil, seq), 2 queue (ZSET), 3 entries (HASH), 4 stats (HASH)
+-- next ticket (and its envelope, and for a durable call its status) and grants what may
+-- start (this entry and, when a slot just freed by expiry, older ones too), dispatching
+-- each grant (see _common.lua).
+-- KEYS: 1 reg (HASH inc, slots, ceil, seq, o:<workspace>), 2 queue (ZSET), 3 entries (HASH),
+--       4 stats (HASH), 5 env (HASH), 6 the worker's Celery queue list (absent: not reachable
+--       from this Redis; the caller pushes the envelope)
 -- ARGV: 1 now_ms or '' , 2 entry id, 3 key base, 4 key lane ('' = checkout), 5 queue budget ms,
 --       6 exec budget ms, 7 queue limit, 8 slot ceiling, 9 wake key prefix, 10 operation,
---       11 stats ttl ms
--- Returns: {'offline'} | {'full', held} |
---          {'granted', ticket, slot, incarnation, admitted_ms, exec_deadline_ms} |
+--       11 stats ttl ms, 12 workspace id, 13 needed offer tokens (SEP-joined, '' = unchecked),
+--       14 envelope ('' = none), 15 '1' for a durable call, 16 status key prefix
+-- Returns: {'offline'} | {'full', held} | {'refused', code} |
+--          {'granted', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched} |
 --          {'waiting', ticket, incarnation, now_ms, queue_deadline_ms}
 -- Clock: ARGV[1] when given (tests), else Redis TIME.
 local kreg, kq, ke, kstats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+setup(kreg, kq, KEYS[5], KEYS[6], ARGV[16])
 local now = clock_ms(ARGV[1])
 local inc = redis.call('HGET', kreg, 'inc')
 if not inc then
@@ -27,13 +32,29 @@ local seq = redis.call('HINCRBY', kreg, 'seq', 1)
 local e = {
   id = ARGV[2], seq = seq, base = ARGV[3], lane = ARGV[4], st = 'w',
   dl = now + tonumber(ARGV[5]), xb = tonumber(ARGV[6]), inc = inc, op = ARGV[10], t0 = now,
+  ws = ARGV[12],
 }
+if ARGV[13] ~= '' then
+  local nd = {}
+  for tok in string.gmatch(ARGV[13], '[^' .. SEP .. ']+') do nd[#nd + 1] = tok end
+  e.nd = nd
+end
+if ARGV[15] == '1' then
+  e.du = 1
+end
 entries[#entries + 1] = e
 redis.call('ZADD', kq, seq, e.id)
 redis.call('HSET', ke, e.id, cjson.encode(e))
+if ARGV[14] ~= '' then
+  redis.call('HSET', D.env, e.id, ARGV[14])
+end
+set_status(e, 'queued', nil, now)
 grant(entries, now, slots, ke, ARGV[9], e.id)
 refresh_ttl(kq, ke, entries, now)
+if e.refused then
+  return {'refused', e.refused}
+end
 if e.st == 'r' then
-  return {'granted', seq, e.slot, inc, e.ta, e.dl}
+  return {'granted', seq, e.slot, inc, e.ta, e.dl, e.dp or 0}
 end
 return {'waiting', seq, inc, now, e.dl}

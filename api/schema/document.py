@@ -65,6 +65,32 @@ def _components() -> Schema:
         "additionalProperties": False,
         "properties": {"state": {"type": "string", "enum": ["cancelled", "running", "finished"]}},
     }
+    schemas["DurableStatus"] = {
+        "type": "object",
+        "required": ["requestId", "state"],
+        "additionalProperties": False,
+        "properties": {
+            "requestId": string("requestId"),
+            "state": {
+                "type": "string",
+                "enum": ["queued", "admitted", "completed", "failed", "cancelled"],
+            },
+            "result": {"type": "object", "description": "The §2.2 result (completed)."},
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "additionalProperties": False,
+                "description": "failed: the code the synchronous endpoint would have answered.",
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            },
+        },
+    }
+    schemas["Capabilities"] = {
+        "type": "object",
+        "required": ["durableWorkspaceRequests"],
+        "additionalProperties": False,
+        "properties": {"durableWorkspaceRequests": {"type": "integer", "enum": [0, 1]}},
+    }
     schemas["WorkerRegistration"] = {
         "type": "object",
         "required": ["workerId", "workspaces", "slots"],
@@ -220,7 +246,78 @@ def _paths() -> Schema:
                 "responses": execute_responses(),
             }
         },
+        "/v1/workspace-tools/capabilities": {
+            "get": {
+                "operationId": "workspaceToolCapabilities",
+                "tags": ["workspace-tools"],
+                "summary": "What this deployment offers beyond execute (contract §2.7).",
+                "security": [{"apiKey": []}],
+                "responses": {
+                    "200": {
+                        "description": "1: durable requests are offered; 0: use execute.",
+                        "content": json_content({"$ref": REF + "Capabilities"}),
+                    },
+                    "401": typed("UNAUTHENTICATED", ["UNAUTHENTICATED"]),
+                },
+            }
+        },
+        "/v1/workspace-tools/requests": {
+            "post": {
+                "operationId": "submitDurableRequest",
+                "tags": ["workspace-tools"],
+                "summary": "Submit a durable call: 202 once it is in its worker's queue.",
+                "description": "Same headers and body as execute; the request id header is "
+                "required. Refusals before the call is queued are execute's typed answers. "
+                "Repeating an id this principal's durable call holds creates nothing and "
+                "answers that call's status.",
+                "security": [{"apiKey": []}],
+                "parameters": _execute_parameters(),
+                "requestBody": {
+                    "required": True,
+                    "content": json_content({"$ref": REF + "ExecuteRequest"}),
+                },
+                "responses": {
+                    "202": {
+                        "description": "Accepted (or already accepted): its status.",
+                        "content": json_content({"$ref": REF + "DurableStatus"}),
+                    },
+                    **{
+                        code: answer
+                        for code, answer in execute_responses().items()
+                        if code not in ("200", "502", "504")
+                    },
+                },
+            }
+        },
         "/v1/workspace-tools/requests/{requestId}": {
+            "get": {
+                "operationId": "durableRequestStatus",
+                "tags": ["workspace-tools"],
+                "summary": "A durable call's status (same principal only).",
+                "description": "Any API process answers; a completed status is kept for at "
+                "least 10 minutes.",
+                "security": [{"apiKey": []}],
+                "parameters": [
+                    {
+                        "name": "requestId",
+                        "in": "path",
+                        "required": True,
+                        "schema": string("requestId"),
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The call's status.",
+                        "content": json_content({"$ref": REF + "DurableStatus"}),
+                    },
+                    "401": typed("UNAUTHENTICATED", ["UNAUTHENTICATED"]),
+                    "404": typed(
+                        "REQUEST_NOT_FOUND: unknown id, malformed id, or another principal's call.",
+                        ["REQUEST_NOT_FOUND"],
+                    ),
+                    "503": typed("ADMISSION_UNAVAILABLE", ["ADMISSION_UNAVAILABLE"]),
+                },
+            },
             "delete": {
                 "operationId": "cancelRequest",
                 "tags": ["workspace-tools"],
@@ -248,7 +345,7 @@ def _paths() -> Schema:
                     ),
                     "503": typed("ADMISSION_UNAVAILABLE", ["ADMISSION_UNAVAILABLE"]),
                 },
-            }
+            },
         },
         "/v1/workers/register": _worker_operation(
             "Register a worker: a new incarnation.",

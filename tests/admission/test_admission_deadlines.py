@@ -14,8 +14,10 @@ from django.conf import settings
 from livesupport import git_workspace, start_api
 from test_admission_capacity import held
 
+from admission.connections import sync_queue
 from admission.models import CompletionLog, Quarantine
-from workspaces.models import WorkerWorkspace
+from admission.queue import offer_tokens
+from workspaces.models import Worker, WorkerWorkspace
 from workspaces.secrets import keyed_hash
 
 
@@ -346,6 +348,23 @@ def test_an_offer_withdrawn_while_waiting_gets_worker_mismatch_and_never_runs(
         wait_until(lambda: len(held(owner.worker_id)) == 2)
         WorkerWorkspace.objects.filter(worker__worker_id=owner.worker_id).update(
             operations=["read_file"]
+        )
+        # The grant checks the offer the registration keeps in Redis: withdraw it there too,
+        # under the same incarnation (the waiting call stays queued, only its offer changes).
+        incarnation = Worker.objects.get(worker_id=owner.worker_id).incarnation_id
+        sync_queue().register_incarnation(
+            worker_id=owner.worker_id,
+            incarnation=incarnation,
+            slots=2,
+            ttl_ms=30_000,
+            offer={
+                "a": offer_tokens(
+                    operations=["read_file"],
+                    lanes=False,
+                    edit_features=frozenset(),
+                    instruction_files=[],
+                )
+            },
         )
         r = waiting.result()
         assert r.status_code == 409 and r.json()["code"] == "WORKER_MISMATCH", r.text

@@ -53,8 +53,7 @@ def assignment_run(assignment: dict[str, Any]) -> None:
         st.count_drop("forged")
         log.warning("assignment with a bad signature dropped", extra={"worker_id": st.worker_id})
         return
-    ticket = int(assignment["ticket"])
-    fields = {"worker_id": st.worker_id, "ticket": ticket, "slot": assignment.get("slot")}
+    fields: dict[str, Any] = {"worker_id": st.worker_id, "entry": assignment.get("assignmentId")}
     if (
         assignment.get("incarnation") != st.incarnation
         or assignment.get("workerId") != st.worker_id
@@ -62,6 +61,23 @@ def assignment_run(assignment: dict[str, Any]) -> None:
         st.count_drop("stale")
         log.warning("assignment for another incarnation dropped", extra=fields)
         return
+    # The grant facts come from the call's entry, which only the granting script writes: the
+    # message that carried the assignment was prepared before the grant and names none.
+    try:
+        granted = st.queue.grant_of(
+            worker_id=st.worker_id, entry_id=str(assignment["assignmentId"])
+        )
+    except RedisError:
+        log.error("could not read the grant: Redis unavailable; not started", extra=fields)
+        return
+    if granted is None or granted["incarnation"] != st.incarnation:
+        # Settled, expired or never granted: a replay, or a call that is over.
+        st.count_drop("expired")
+        log.warning("assignment without a live grant dropped", extra=fields)
+        return
+    ticket = int(granted["ticket"])
+    fields.update(ticket=ticket, slot=granted["slot"])
+    assignment = {**assignment, **granted}
     if not st.first_sight(ticket, REMEMBER_TICKET_S):
         st.count_drop("duplicate")
         log.warning("duplicate delivery dropped", extra=fields)

@@ -17,9 +17,12 @@ from workspaces.sandbox import Sandbox
 
 class SettlementQueue(Protocol):
     """What a running worker needs of admission's queue (admission.queue.SyncQueue, which
-    `runworker` hands in): the Redis client for its clock, and the settle script."""
+    `runworker` hands in): the Redis client for its clock, a call's grant facts, and the
+    settle script."""
 
     client: Any
+
+    def grant_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None: ...
 
     def settle(
         self,

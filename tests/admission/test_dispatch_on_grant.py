@@ -1,0 +1,204 @@
+"""The grant is the dispatch: the scripts that grant push the call's envelope onto the worker's
+Celery queue list themselves (real Redis, fixed clocks, no API process in the loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from admission.queue import AsyncQueue, SyncQueue, offer_tokens, worker_keys
+from workspaces.dispatch import broker_queue_key, worker_queue_name
+
+W = "wd1"
+T0 = 1_000_000
+OFFER = {
+    "ws": offer_tokens(
+        operations=["execute_command", "read_file"],
+        lanes=False,
+        edit_features=frozenset(),
+        instruction_files=[],
+    )
+}
+
+
+def run(coro_fn: Callable[[AsyncQueue], Awaitable[Any]], prefix: str) -> Any:
+    async def main() -> Any:
+        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
+        try:
+            return await coro_fn(AsyncQueue(client, prefix))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def sq(sync_redis: redis.Redis, redis_prefix: str) -> SyncQueue:
+    queue = SyncQueue(sync_redis, redis_prefix)
+    sync_redis.delete(broker_queue_key(worker_queue_name(W)))
+    assert queue.dispatching, "these tests need the broker to be the admission Redis"
+    queue.register_incarnation(worker_id=W, incarnation="inc1", slots=1, ttl_ms=30_000, offer=OFFER)
+    return queue
+
+
+def pushed(sync_redis: redis.Redis) -> list[str]:
+    """Envelopes on the worker's Celery queue, oldest first."""
+    key = broker_queue_key(worker_queue_name(W))
+    return [str(m) for m in reversed(sync_redis.lrange(key, 0, -1))]
+
+
+def enter(q: AsyncQueue, entry_id: str, now: int, **kw: Any) -> Awaitable[Any]:
+    args: dict[str, Any] = dict(
+        worker_id=W,
+        key=("ws", ""),
+        queue_budget_ms=10_000,
+        exec_budget_ms=30_000,
+        queue_limit=32,
+        slot_ceiling=8,
+        operation="execute_command",
+        workspace_id="ws",
+        needs=["op:execute_command"],
+        envelope=f"envelope-{entry_id}",
+    )
+    args.update(kw)
+    return q.enter(entry_id=entry_id, now_ms=now, **args)
+
+
+def test_enter_and_release_each_push_the_granted_envelope(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    async def scenario(q: AsyncQueue) -> tuple[Any, Any, bool]:
+        first = await enter(q, "a", T0)
+        second = await enter(q, "b", T0 + 1)
+        released = await q.release(
+            worker_id=W, entry_id="a", ticket=first.ticket, slot_ceiling=8, now_ms=T0 + 5
+        )
+        return first, second, released
+
+    first, second, released = run(scenario, redis_prefix)
+    assert first.status == "granted" and first.grant.dispatched
+    assert second.status == "waiting"
+    assert released
+    # b's envelope went out in the same step that freed a's slot, and only once.
+    assert pushed(sync_redis) == ["envelope-a", "envelope-b"]
+    assert sq.grant_of(worker_id=W, entry_id="b") == {
+        "ticket": second.ticket,
+        "slot": 0,
+        "incarnation": "inc1",
+        "execDeadlineMs": T0 + 5 + 30_000,
+    }
+    # The envelope is gone from the entry's side: a second grant could not push it again.
+    assert not sync_redis.hexists(worker_keys(redis_prefix, W).env, "b")
+
+
+def test_a_settlement_grants_and_pushes_the_next_call(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    async def scenario(q: AsyncQueue) -> Any:
+        first = await enter(q, "a", T0)
+        await enter(q, "b", T0 + 1)
+        return first
+
+    first = run(scenario, redis_prefix)
+    assert sq.settle(
+        worker_id=W, entry_id="a", incarnation="inc1", ticket=first.ticket, payload={"ok": True},
+        now_ms=T0 + 10,
+    )  # fmt: skip
+    assert pushed(sync_redis) == ["envelope-a", "envelope-b"]
+    assert sq.grant_of(worker_id=W, entry_id="b") is not None
+
+
+def test_expiry_of_a_running_entry_grants_and_pushes_the_next(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    async def scenario(q: AsyncQueue) -> Any:
+        await enter(q, "a", T0, exec_budget_ms=1_000)
+        await enter(q, "b", T0 + 1, queue_budget_ms=60_000)
+        # Nobody released a (its API process died): the next script to run prunes it past its
+        # exec deadline and grants b in the same step.
+        return await enter(q, "c", T0 + 1_001, key=("other", ""))
+
+    third = run(scenario, redis_prefix)
+    assert pushed(sync_redis) == ["envelope-a", "envelope-b"]
+    assert third.status == "waiting"  # one slot, now b's
+    assert sq.grant_of(worker_id=W, entry_id="a") is None
+
+
+def test_a_stale_incarnations_waiting_entry_is_refused_not_dispatched(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    k = worker_keys(redis_prefix, W)
+
+    async def scenario(q: AsyncQueue) -> Any:
+        first = await enter(q, "a", T0)
+        await enter(q, "b", T0 + 1, durable=True)
+        # The registration moved on under b (as if a replacement registered without the
+        # sweep reaching b): b must never start on the new incarnation.
+        sync_redis.hset(k.reg, "inc", "inc2")
+        await q.release(
+            worker_id=W, entry_id="a", ticket=first.ticket, slot_ceiling=8, now_ms=T0 + 5
+        )
+        return await q.poll(worker_id=W, entry_id="b")
+
+    told = run(scenario, redis_prefix)
+    assert told == {"t": "offline"}
+    assert pushed(sync_redis) == ["envelope-a"]
+    assert not sync_redis.hexists(k.entries, "b") and not sync_redis.hexists(k.env, "b")
+    status = json.loads(sync_redis.get(k.status("b")) or "{}")
+    assert status["state"] == "failed" and status["code"] == "WORKER_OFFLINE"
+
+
+def test_a_withdrawn_offer_refuses_the_waiting_call_with_mismatch(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    async def scenario(q: AsyncQueue) -> Any:
+        first = await enter(q, "a", T0)
+        await enter(q, "b", T0 + 1)
+        sq.register_incarnation(
+            worker_id=W,
+            incarnation="inc1",
+            slots=1,
+            ttl_ms=30_000,
+            offer={"ws": offer_tokens(operations=["read_file"], lanes=False,
+                                      edit_features=frozenset(), instruction_files=[])},
+        )  # fmt: skip
+        await q.release(
+            worker_id=W, entry_id="a", ticket=first.ticket, slot_ceiling=8, now_ms=T0 + 5
+        )
+        return await q.poll(worker_id=W, entry_id="b")
+
+    assert run(scenario, redis_prefix) == {"t": "mismatch"}
+    assert pushed(sync_redis) == ["envelope-a"]
+
+
+def test_a_durable_status_follows_the_call_and_outlives_it_ten_minutes(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    k = worker_keys(redis_prefix, W)
+
+    seconds, micros = sync_redis.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+
+    async def scenario(q: AsyncQueue) -> tuple[Any, Any]:
+        first = await enter(q, "a", now, durable=True)
+        queued = await enter(q, "b", now + 1, durable=True)
+        return first, queued
+
+    first, _ = run(scenario, redis_prefix)
+    assert json.loads(sync_redis.get(k.status("a")) or "{}")["state"] == "admitted"
+    assert json.loads(sync_redis.get(k.status("b")) or "{}")["state"] == "queued"
+    # Settled by Redis's own clock (a real settlement), so the TTL is measured on it too.
+    assert sq.settle(
+        worker_id=W, entry_id="a", incarnation="inc1", ticket=first.ticket, payload={"ok": True}
+    )
+    done = json.loads(sync_redis.get(k.status("a")) or "{}")
+    assert done["state"] == "settled" and json.loads(done["payload"]) == {"ok": True}
+    assert 10 * 60 * 1000 <= sync_redis.pttl(k.status("a")) <= 16 * 60 * 1000
+    assert json.loads(sync_redis.get(k.status("b")) or "{}")["state"] == "admitted"
