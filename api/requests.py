@@ -179,6 +179,8 @@ class CapabilitiesApi(AsyncApiView):
 
     authentication_classes = [AsyncApiKeyAuthentication]
 
+    http_method_names = ["get"]
+
     async def prepare(self, request: Request) -> None:
         if request.method != "GET":
             raise method_not_allowed("GET")
@@ -287,6 +289,8 @@ async def _watch(call: Call, queue: AsyncQueue, limiter: RateLimiter) -> None:
 class DurableRequestApi(WorkspaceToolsRequestCancelApi):
     """`GET` (status, §2.7) and `DELETE` (cancel, §2.6) of `/v1/workspace-tools/requests/<id>`,
     same principal only: an unknown id and another principal's answer the same 404."""
+
+    http_method_names = ["get", "delete"]
 
     async def prepare(self, request: Request) -> None:
         if request.method not in ("GET", "DELETE"):
