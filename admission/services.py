@@ -25,7 +25,8 @@ from sluice_protocol import (
 )
 
 from admission import deadlines, refusals, shutdown
-from admission.completion import CompletionDraft
+from admission.callers import caller_key_valid
+from admission.completion import CompletionDraft, expected_outage
 from admission.connections import async_broker
 from admission.dbthread import in_db_thread
 from admission.models import Quarantine
@@ -307,8 +308,13 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
         if refusal.admission_outcome is not None:
             draft.admission_outcome = refusal.admission_outcome
         raise
-    except RedisError:
-        log.warning("admission Redis unavailable", exc_info=True)
+    except RedisError as exc:
+        # A Redis that is down or too busy to connect to is expected under overload: one line.
+        log.warning(
+            "admission Redis unavailable",
+            exc_info=not expected_outage(exc),
+            extra={"error": str(exc)},
+        )
         if draft.admission_outcome == "admitted":
             raise refusals.assignment_expired(
                 "Lost track of the call after it was admitted; it may or may not have run."
@@ -382,6 +388,9 @@ async def _admitted_call(
     incarnation = entered.incarnation
     try:
         if waited:
+            # The key may have been revoked while this call waited: it must not run.
+            if not await in_db_thread(caller_key_valid, caller=call.caller):
+                raise refusals.key_revoked()
             # The worker may have been replaced or its offer withdrawn while this call waited.
             fresh = await in_db_thread(
                 call_target,

@@ -170,9 +170,7 @@ class WakeReader:
                 if not events:
                     del ch.waiters[entry_id]
             if ch.count() == 0 and ch.linger is None:
-                ch.linger = asyncio.get_running_loop().call_later(
-                    LINGER_S, self._drop, channel
-                )
+                ch.linger = asyncio.get_running_loop().call_later(LINGER_S, self._drop, channel)
 
     async def _subscribed(self, channel: str, ch: _Channel) -> None:
         if ch.subscribed is None:
