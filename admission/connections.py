@@ -13,6 +13,7 @@ whole on the node that owns that slot. The Celery broker (`REDIS_URL`) is never 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,14 +29,19 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from admission.queue import AsyncQueue, SyncQueue
+from admission.waiters import reader_for
 
 T = TypeVar("T")
 _lock = threading.Lock()
 _sync: SyncQueue | None = None
 _async: dict[int, AsyncQueue] = {}
 _broker: dict[int, Any] = {}
-# A blocking pop holds one connection per waiting call, on the node owning its worker's slot.
-BLOCKING_MAX_CONNECTIONS = 20_000
+# Commands of one API process (per node, on a cluster) share at most this many connections:
+# a burst of calls queues for a connection for a moment instead of opening one each (2,000
+# concurrent connects timed out and became 503s). Waiting calls hold none (admission/waiters.py).
+COMMAND_POOL_MAX = 64
+# How long a command waits for a free pooled connection before it is a typed 503.
+COMMAND_POOL_WAIT_S = 5.0
 
 
 class ClusterUnavailable(redis.exceptions.ConnectionError):
@@ -67,11 +73,18 @@ class _AsyncCluster(AsyncRedisCluster):
     the client is initialized.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The cluster client's per-node pool refuses (MaxConnectionsError) instead of waiting
+        # once it is busy; this bound makes commands wait for their turn instead.
+        self._turns = asyncio.Semaphore(COMMAND_POOL_MAX)
+
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
             if self._initialize:
                 await self.initialize()
-            return await super().execute_command(*args, **kwargs)
+            async with self._turns:
+                return await super().execute_command(*args, **kwargs)
         except RedisClusterException as exc:
             raise ClusterUnavailable(str(exc)) from exc
 
@@ -97,17 +110,9 @@ def _async_kwargs() -> dict[str, Any]:
     return kwargs
 
 
-def _blocking_kwargs() -> dict[str, Any]:
-    # Blocking pops (one connection per waiting call) wait up to the call's own deadline:
-    # no socket timeout, and no retry that could re-send a pop whose element was taken.
-    return {
-        "decode_responses": True,
-        "socket_connect_timeout": 1,
-        "socket_timeout": None,
-        "socket_keepalive": True,
-        "max_connections": BLOCKING_MAX_CONNECTIONS,
-        "retry": AsyncRetry(ExponentialBackoff(cap=0.05, base=0.01), 0),
-    }
+def client_name() -> str:
+    """What this process's admission connections call themselves (CLIENT LIST)."""
+    return f"{getattr(settings, 'REDIS_CLIENT_NAME', 'sluice-api')}:{os.getpid()}"
 
 
 def sync_client(**kwargs: Any) -> Any:
@@ -125,14 +130,19 @@ def sync_client(**kwargs: Any) -> Any:
 
 
 def async_client(**kwargs: Any) -> Any:
-    """An asyncio client for the admission Redis (a cluster client when configured)."""
-    # Both asyncio clients refuse a command outright (MaxConnectionsError) once their pool's
-    # max_connections are busy (redis-py 8 bounds the plain one too); with a thousand calls in
-    # flight that would turn a burst into 503s, so the bound is the blocking pool's.
-    kwargs.setdefault("max_connections", BLOCKING_MAX_CONNECTIONS)
+    """An asyncio client for the admission Redis (a cluster client when configured), with a
+    bounded number of connections that a command waits for rather than being refused."""
     if cluster_enabled():
+        # Per node; _AsyncCluster makes the excess wait (a semaphore of the same size).
+        kwargs.setdefault("max_connections", COMMAND_POOL_MAX)
         return _AsyncCluster.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
-    return aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, **kwargs)
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.ADMISSION_REDIS_URL,
+        max_connections=kwargs.pop("max_connections", COMMAND_POOL_MAX),
+        timeout=COMMAND_POOL_WAIT_S,
+        **kwargs,
+    )
+    return aioredis.Redis(connection_pool=pool)
 
 
 def sync_queue() -> SyncQueue:
@@ -152,14 +162,14 @@ def _for_this_loop(made: dict[int, T], make: Callable[[], T]) -> T:
 
 
 def async_queue() -> AsyncQueue:
-    return _for_this_loop(
-        _async,
-        lambda: AsyncQueue(
-            async_client(**_async_kwargs()),
-            settings.REDIS_KEY_PREFIX,
-            blocking=async_client(**_blocking_kwargs()),
-        ),
-    )
+    """This loop's queue: one bounded command pool and one wake-up reader (per node)."""
+
+    def make() -> AsyncQueue:
+        client = async_client(**_async_kwargs(), client_name=client_name())
+        reader = reader_for(client, idle_channel=f"{settings.REDIS_KEY_PREFIX}adm:idle")
+        return AsyncQueue(client, settings.REDIS_KEY_PREFIX, waiters=reader)
+
+    return _for_this_loop(_async, make)
 
 
 def async_broker() -> Any:

@@ -68,6 +68,8 @@ WORKER_COMMANDS = (
     "+hmget",
     "+hincrby",
     "+pexpire",
+    # push_wake announces each push on the worker's own wake channel (admission/waiters.py)
+    "+spublish",
     # Only scripts the server loaded: no EVAL, no SCRIPT (LOAD, FLUSH, KILL).
     "+evalsha",
 )
@@ -75,7 +77,7 @@ WORKER_COMMANDS = (
 # (COMMAND) when it starts: public facts about the server, no key in them.
 CLUSTER_COMMANDS = ("+cluster|slots", "+command")
 # The scripts a worker calls (by SHA), loaded by the server on every node it sets the user on.
-WORKER_SCRIPTS = (("settle", True),)
+WORKER_SCRIPTS = (("settle", True), ("heartbeat", True))
 # Characters Redis's glob treats specially, escaped wherever a prefix lands in a pattern.
 _GLOB = re.compile(r"([*?\[\]\\])")
 
@@ -153,6 +155,8 @@ def worker_acl_rules(
         *WORKER_COMMANDS,
         *(CLUSTER_COMMANDS if cluster else ()),
         *worker_key_patterns(prefix, celery_prefix, worker_id),
+        # Its own wake channel only: the same tag as its keys (admission/queue.py).
+        f"&{_glob_escape(worker_keys(prefix, worker_id).wake_prefix)}",
     ]
 
 

@@ -7,6 +7,7 @@ without a restart.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from dataclasses import dataclass
@@ -81,11 +82,19 @@ def current_policy() -> Policy:
         return fresh
 
 
+_loading: dict[int, asyncio.Future[Policy]] = {}
+
+
 async def acurrent_policy() -> Policy:
     cached = _cached
     if cached is not None and cached[0] > time.monotonic():
         return cached[1]
-    return await in_db_thread(current_policy)
+    # A burst arriving as the cached row expires shares one read (one per event loop).
+    loop = id(asyncio.get_running_loop())
+    pending = _loading.get(loop)
+    if pending is None or pending.done():
+        pending = _loading[loop] = asyncio.ensure_future(in_db_thread(current_policy))
+    return await asyncio.shield(pending)
 
 
 def forget_cached_policy() -> None:

@@ -12,6 +12,7 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:{w:ID}:wake:<entry> LIST  pushes to one waiting request: grant, result, offline ...
     P adm:{w:ID}:ds:<entry>   STRING  a durable call's status (JSON)          (TTL >= 10 min)
     P adm:{w:ID}:row:<entry>  STRING  a durable call's completion row draft, then "done"
+    P adm:{w:ID}:wake:        shard channel: "<entry>" announced with each push (admission/waiters.py)
     P adm:{w:ID}:inst:<key>   STRING  the principal a conversation instance is bound to   (TTL 24 h)
     P adm:rid:{p:<principal>}:<request id>   STRING  "<worker id> <entry id>" or "done"
     P celery:sluice.worker.ID LIST  the worker's Celery queue (kombu's key; see below)
@@ -26,6 +27,7 @@ for the call pushes the envelope, as before.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from typing import Any
 from django.conf import settings
 
 from admission.scripts import register
+from admission.waiters import SAFETY_LOOK_S, WakeReader, reader_for
 from workspaces.dispatch import broker_queue_key, worker_queue_name
 
 STATS_TTL_MS = 7 * 24 * 3600 * 1000
@@ -178,11 +181,8 @@ def decode_entry(raw: Any) -> dict[str, Any]:
 
 
 class _Scripts:
-    def __init__(self, client: Any, prefix: str, *, blocking: Any = None) -> None:
+    def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
-        # Blocking pops wait up to a call's whole deadline, so they use a client without a
-        # socket timeout; a timed-out socket could lose an element Redis already popped.
-        self.blocking = blocking if blocking is not None else client
         self.prefix = prefix
         self.scripts = {
             name: register(client, name, with_common=True) for name in ADMISSION_SCRIPTS
@@ -201,7 +201,16 @@ class _Scripts:
 
 
 class AsyncQueue(_Scripts):
-    """The API's side (redis.asyncio): enter, wait for pushes, leave, release, cancel."""
+    """The API's side (redis.asyncio): enter, wait for pushes, leave, release, cancel.
+
+    Waiting holds no connection: `wait` parks on this process's wake-up reader
+    (admission/waiters.py), which one subscriber connection per Redis node serves for every
+    waiter, and pops its wake list with one LPOP when told something arrived.
+    """
+
+    def __init__(self, client: Any, prefix: str, *, waiters: WakeReader | None = None) -> None:
+        super().__init__(client, prefix)
+        self.waiters = waiters or reader_for(client, idle_channel=f"{prefix}adm:idle")
 
     async def enter(
         self,
@@ -249,12 +258,25 @@ class AsyncQueue(_Scripts):
     async def wait(
         self, *, worker_id: str, entry_id: str, timeout_ms: int
     ) -> dict[str, Any] | None:
-        """Block until something is pushed for this entry, or the timeout passes (None)."""
-        timeout_s = max(timeout_ms, 1) / 1000
-        popped = await self.blocking.blpop([self.keys(worker_id).wake(entry_id)], timeout=timeout_s)
-        if popped is None:
-            return None
-        return dict(json.loads(popped[1]))
+        """Wait until something is pushed for this entry, or the timeout passes (None)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout_ms, 1) / 1000
+        keys = self.keys(worker_id)
+        async with self.waiters.watch(keys.wake_prefix, entry_id) as woken:
+            while True:
+                # Cleared before the look: a notification arriving after it sets the event
+                # again, so none falls between the look and the wait.
+                woken.clear()
+                message = await self.poll(worker_id=worker_id, entry_id=entry_id)
+                if message is not None:
+                    return message
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(woken.wait(), min(left, SAFETY_LOOK_S))
+                except TimeoutError:
+                    continue
 
     async def poll(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         raw = await self.client.lpop(self.keys(worker_id).wake(entry_id))

@@ -132,6 +132,24 @@ def rate_limited(*, message: str, headers: dict[str, str], body: dict[str, Any])
     )
 
 
+def key_revoked() -> Refusal:
+    """The caller's key was revoked (or its principal disabled) while its call waited."""
+    return Refusal(
+        "UNAUTHENTICATED",
+        f"The API key was revoked while the call waited; {NOT_STARTED}.",
+    )
+
+
+def service_overloaded(retry_after_s: int = 1) -> Refusal:
+    """This API process already carries as many calls as it may; another may not."""
+    return Refusal(
+        "SERVICE_OVERLOADED",
+        f"This API process is at its limit of calls in flight; {NOT_STARTED}. "
+        "Retry after the hinted wait.",
+        retry_after_s=retry_after_s,
+    )
+
+
 def admission_unavailable() -> Refusal:
     return Refusal(
         "ADMISSION_UNAVAILABLE",

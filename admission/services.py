@@ -26,7 +26,8 @@ from sluice_protocol import (
 )
 
 from admission import deadlines, refusals, shutdown
-from admission.completion import CompletionDraft
+from admission.callers import caller_key_valid
+from admission.completion import CompletionDraft, expected_outage
 from admission.connections import async_broker
 from admission.dbthread import in_db_thread
 from admission.models import Quarantine
@@ -386,8 +387,13 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
         if refusal.admission_outcome is not None:
             draft.admission_outcome = refusal.admission_outcome
         raise
-    except RedisError:
-        log.warning("admission Redis unavailable", exc_info=True)
+    except RedisError as exc:
+        # A Redis that is down or too busy to connect to is expected under overload: one line.
+        log.warning(
+            "admission Redis unavailable",
+            exc_info=not expected_outage(exc),
+            extra={"error": str(exc)},
+        )
         if draft.admission_outcome == "admitted":
             raise refusals.assignment_expired(
                 "Lost track of the call after it was admitted; it may or may not have run."
@@ -495,13 +501,26 @@ async def _admitted_call(
     draft.queue_wait_ms = int((admitted_at - draft.started_monotonic) * 1000)
     draft.slot_index = grant.slot
     draft.admission_outcome = "admitted"
-    call.dispatched = True
     if not grant.dispatched:
-        # The scripts could not reach the broker (admission on a Redis Cluster): push it here.
+        # The scripts could not reach the broker (admission on a Redis Cluster): push it here,
+        # unless the key was revoked while the call waited (it must not run: 401, not started).
+        # Where the grant dispatched by itself this re-check cannot run (docs/admission.md).
+        if waited and not await in_db_thread(caller_key_valid, caller=call.caller):
+            await asyncio.shield(
+                queue.release(
+                    worker_id=call.worker_id,
+                    entry_id=call.entry_id,
+                    ticket=grant.ticket,
+                    slot_ceiling=policy.max_lease_slots,
+                )
+            )
+            raise refusals.key_revoked()
+        call.dispatched = True
         try:
             await async_broker().lpush(broker_key, envelope)
         except Exception:
             log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
+    call.dispatched = True
     exec_deadline = admitted_at + exec_ms / 1000
     try:
         message = await _wait_for_result(call, queue, grant, exec_deadline, policy)

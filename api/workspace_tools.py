@@ -36,14 +36,14 @@ from sluice_protocol import (
 )
 
 from admission import refusals, shutdown
+from admission.callers import cached_resolve
 from admission.completion import CompletionDraft, completion_emit
 from admission.connections import async_queue
-from admission.dbthread import in_db_thread
 from admission.policy import acurrent_policy
 from admission.queue import AsyncQueue
 from admission.ratelimit import RateLimiter
 from admission.refusals import Refusal
-from admission.selectors import Resolved, call_resolve
+from admission.selectors import Resolved
 from admission.services import Call, call_execute, isolation_key_hash
 from api.authentication import ApiUser, AsyncApiKeyAuthentication
 from api.base import AsyncApiView
@@ -211,8 +211,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         def key_hash(worker_id: str) -> str:
             return isolation_key_hash(worker_id, parsed.body) if parsed else ""
 
-        self.resolved = await in_db_thread(
-            call_resolve,
+        self.resolved = await cached_resolve(
             token=token,
             worker_id=parsed.worker_id if parsed else None,
             request=parsed.body if parsed else None,

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 import django
+from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.urls import set_script_prefix
@@ -61,8 +62,25 @@ class SluiceAsgiHandler(ASGIHandler):
                 return
 
     async def _handle_api(self, scope: ASGIScope, receive: Any, send: Any) -> None:
+        global _in_flight
+        overloaded = _in_flight >= settings.SLUICE_MAX_CALLS_IN_FLIGHT
+        _in_flight += 1
         try:
-            body_file = await self.read_body(receive)
+            await self._api_request(scope, receive, send, overloaded=overloaded)
+        finally:
+            _in_flight -= 1
+
+    async def _api_request(
+        self, scope: ASGIScope, receive: Any, send: Any, *, overloaded: bool
+    ) -> None:
+        """Headers first: a request that is refused (over this process's limit of calls in
+        flight, unauthenticated, declared too large) is answered without its body being read,
+        and a body is read only up to the limit. The view still answers every refusal, so each
+        one keeps its typed body and its completion row; it sees an empty body then."""
+        try:
+            body_file, read_whole = await self._body_if_worth_it(
+                scope, receive, overloaded=overloaded
+            )
         except RequestAborted:
             # Gone before its body was read; a POST to execute still leaves its row.
             from api.workspace_tools import execute_abandoned
@@ -71,6 +89,9 @@ class SluiceAsgiHandler(ASGIHandler):
             if request is not None:
                 execute_abandoned(request)
             return
+        if not read_whole:
+            # The rest of the body is never read: the connection ends with this answer.
+            send = _closing(send)
         with body_file:
             set_script_prefix(get_script_prefix(scope))
             request, refusal = self.create_request(scope, body_file)
@@ -79,8 +100,12 @@ class SluiceAsgiHandler(ASGIHandler):
                 await self.send_response(refusal, send)
                 refusal.close()
                 return
+            if overloaded:
+                from api.authentication import OVERLOADED_FLAG
+
+                request.META[OVERLOADED_FLAG] = True
             view = asyncio.create_task(self.run_get_response(request))
-            gone = asyncio.create_task(self.listen_for_disconnect(receive))
+            gone = asyncio.create_task(_until_disconnect(receive))
             await asyncio.wait([view, gone], return_when=asyncio.FIRST_COMPLETED)
             if not view.done():
                 # The client went away: the view is cancelled (and takes its queue place along).
@@ -98,6 +123,83 @@ class SluiceAsgiHandler(ASGIHandler):
                 # request_finished runs here, on the event loop's thread, which holds no
                 # database connection (nothing on it may touch the database).
                 response.close()
+
+    async def _body_if_worth_it(
+        self, scope: ASGIScope, receive: Any, *, overloaded: bool
+    ) -> tuple[io.BytesIO, bool]:
+        """(the body, or an empty one when it is not to be read; whether it was read whole)."""
+        if overloaded or scope.get("method") not in BODY_METHODS:
+            return io.BytesIO(), scope.get("method") not in BODY_METHODS
+        headers = dict(scope.get("headers") or [])
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        try:
+            declared = int(headers.get(b"content-length", b"-1"))
+        except ValueError:
+            declared = -1
+        if declared > limit:
+            return io.BytesIO(), False  # the view answers 413 from the header
+        if not await _authenticated(headers.get(b"authorization", b"")):
+            return io.BytesIO(), False  # the view answers 401
+        body = io.BytesIO()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            body.write(message.get("body", b""))
+            if body.tell() > limit:
+                # Refused while it streams in (chunked or not): what was received already
+                # passes the limit, and the view answers 413 from that count.
+                _declare_length(scope, body.tell())
+                return io.BytesIO(), False
+            if not message.get("more_body", False):
+                body.seek(0)
+                return body, True
+
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_in_flight = 0
+
+
+async def _authenticated(authorization: bytes) -> bool:
+    """Whether the bearer key names a caller (cached for a second: admission.callers). A
+    database outage reads as yes: the view then answers its typed 503 as before."""
+    from django.db import DatabaseError, InterfaceError
+
+    from admission.callers import cached_caller
+    from workspaces.auth import bearer_token
+
+    token = bearer_token(authorization.decode("latin-1"))
+    if not token:
+        return False
+    try:
+        return await cached_caller(token) is not None
+    except (DatabaseError, InterfaceError):
+        return True
+
+
+def _declare_length(scope: ASGIScope, length: int) -> None:
+    headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-length"]
+    scope["headers"] = [*headers, (b"content-length", str(length).encode())]
+
+
+def _closing(send: Any) -> Any:
+    async def closing_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {
+                **message,
+                "headers": [*message.get("headers", []), (b"connection", b"close")],
+            }
+        await send(message)
+
+    return closing_send
+
+
+async def _until_disconnect(receive: Any) -> None:
+    """Django's listen_for_disconnect, except that body left unread is skipped, not an error."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise RequestAborted()
 
 
 django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application() does

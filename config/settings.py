@@ -171,6 +171,9 @@ REST_FRAMEWORK = {
 
 # The execute endpoint refuses bodies over this with 413 (a 1 MiB write plus JSON framing).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+# Workspace API requests one API process carries at once, waiting calls included; the next
+# gets 503 SERVICE_OVERLOADED with Retry-After (contract §2.8), before its body is read.
+SLUICE_MAX_CALLS_IN_FLIGHT = env_int("SLUICE_MAX_CALLS_IN_FLIGHT", 1000, low=1, high=100_000)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -44,6 +44,17 @@ from scripts.devprocs import (
 )
 
 WORKER_ID = "demo-worker"
+# One event loop is one core: two API processes by default (API_PROCESSES), each with a
+# deadline for a request's headers, a bound on its open connections (config/server.py) and
+# uvicorn's own cap on connections plus requests (docs/deploy.md).
+API_PROCESSES = int(os.environ.get("API_PROCESSES", "2"))
+API_SERVE_ARGS = [
+    "--workers", str(API_PROCESSES),
+    "--http", "config.server:SluiceHttpProtocol",
+    "--timeout-keep-alive", "10",
+    "--limit-concurrency", "4096",
+    "--backlog", "2048",
+]  # fmt: skip
 CALL_BODY = {
     "protocolVersion": 1,
     "operation": "read_file",
@@ -97,11 +108,11 @@ def start_api(
     with contextlib.suppress(httpx.TransportError):
         httpx.get(f"{base}/healthz", timeout=1)
         raise SetupError(f"something already answers on {base}; stop it or choose another PORT")
-    say(f"starting the API on {base}")
+    say(f"starting the API on {base} ({API_PROCESSES} processes)")
     api = Child(
         "api",
         [PY, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
-         "--timeout-graceful-shutdown", "5", "--no-access-log"],
+         "--timeout-graceful-shutdown", "5", "--no-access-log", *API_SERVE_ARGS],
         env,
     )  # fmt: skip
     stack.callback(api.stop, 20)

@@ -32,6 +32,8 @@ class Caller:
     principal_hash: str
     # The worker of the caller's tenant that runs calls naming no worker; None when unset.
     default_worker_id: str | None = None
+    # The key it authenticated with (a waiting call re-checks it before dispatch).
+    key_id: int | None = None
 
     @property
     def scope(self) -> str:
@@ -85,6 +87,7 @@ def caller_from_row(row: tuple[Any, ...]) -> Caller:
         tenant_hash=keyed_hash("tenant", str(tenant_id)),
         principal_hash=principal_hash(tenant_id=tenant_id, principal_id=principal_id),
         default_worker_id=default_worker,
+        key_id=key_id,
     )
 
 

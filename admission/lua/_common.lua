@@ -107,10 +107,14 @@ local function load_entries(kq, ke, now, wake_prefix)
   return entries
 end
 
+-- The list keeps the message; the announcement on the worker's shard channel (the wake
+-- prefix itself: same hash tag, so same slot as every key here) wakes the API process that
+-- waits for it (admission/waiters.py). Needs Redis 7 (sharded pub/sub).
 local function push_wake(wake_prefix, id, message, ttl_ms)
   local key = wake_prefix .. id
   redis.call('RPUSH', key, message)
   redis.call('PEXPIRE', key, ttl_ms)
+  redis.call('SPUBLISH', wake_prefix, id)
 end
 
 -- Whether the registration still takes this call: the incarnation it entered under, and the

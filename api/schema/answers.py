@@ -38,6 +38,7 @@ EXECUTE_SERVICE_CODES: list[tuple[int, str, str, str]] = [
     (503, "WORKER_OFFLINE", "worker offline, restarted or replaced", "no"),
     (503, "NO_WORKER_SELECTED", "no worker header and no default worker", "no"),
     (503, "SERVICE_SHUTTING_DOWN", "the API process is stopping", "no"),
+    (503, "SERVICE_OVERLOADED", "the API process carries its limit of calls (Retry-After)", "no"),
     (503, "ADMISSION_UNAVAILABLE", "admission Redis unavailable", "no"),
     (503, "DATABASE_UNAVAILABLE", "Postgres unavailable (Retry-After)", "no, unless it ran"),
     (504, "ASSIGNMENT_EXPIRED", "exec deadline passed, or the worker vanished", "unknown"),

@@ -117,8 +117,8 @@ def test_every_script_runs_on_the_cluster_for_workers_spread_over_all_three_node
         ]
         assert a.grant is not None and c.grant is not None
         assert (a.grant.slot, c.grant.slot) == (0, 1)
-        # b is woken by a push onto its wake list (BLPOP on the blocking cluster client), in
-        # the same settle that frees a's slot.
+        # b is woken by a push onto its wake list, announced on the worker's shard channel to
+        # the node's subscriber (admission/waiters.py), in the same settle that frees a's slot.
         woken = asyncio.ensure_future(q.wait(worker_id=w, entry_id="b", timeout_ms=10_000))
         await asyncio.sleep(0.05)
         settled = await asyncio.to_thread(
@@ -160,7 +160,7 @@ def test_every_script_runs_on_the_cluster_for_workers_spread_over_all_three_node
             return await asyncio.gather(*(one_worker(q, w) for w in workers))
         finally:
             await q.client.aclose()
-            await q.blocking.aclose()
+            await q.waiters.close()
 
     results = asyncio.run(main())
     assert len(results) == len(workers)

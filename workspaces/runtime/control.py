@@ -1,20 +1,27 @@
-"""The worker's HTTP conversation with the API: redeem a pairing code, register, heartbeat,
-deregister."""
+"""The worker's conversation with the API: redeem a pairing code, register, heartbeat,
+deregister.
+
+Heartbeats go straight to Redis when the worker has its own Redis credentials (contract §4.4:
+its ACL user may run the heartbeat script on its own registration key and nothing else), so
+tenants' traffic on the API can never make a worker miss one (contract §2.8): a burst that
+stalls the API left both tenants' workers without their registration. The HTTP heartbeat is
+still sent, in the background, for what only Postgres keeps (the admin's "last heard from"),
+and it is the fallback whenever the Redis path cannot answer (no script loaded after a Redis
+restart, no registration left): it tells "lost" from "replaced", which Redis alone cannot.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 from sluice_protocol import ProtocolError, validate_worker_id
 
 log = logging.getLogger("sluice.worker")
-
-
-class RegistrationRefused(RuntimeError):
-    pass
 
 
 class PairingRefused(RuntimeError):
@@ -70,11 +77,25 @@ def redeem_pairing(api_url: str, code: str) -> dict[str, Any]:
     return answer
 
 
+class RegistrationRefused(RuntimeError):
+    pass
+
+
 class ControlPlane:
     def __init__(
-        self, api_url: str, *, worker_id: str, token: str, sandbox_profile: str | None = None
+        self,
+        api_url: str,
+        *,
+        worker_id: str,
+        token: str,
+        sandbox_profile: str | None = None,
+        redis_beat: Callable[[str], int] | None = None,
     ) -> None:
         self.worker_id = worker_id
+        # incarnation -> 1 renewed, 0 replaced, -1 no registration (admission heartbeat.lua).
+        self.redis_beat = redis_beat
+        self._http_beat: threading.Thread | None = None
+        self._http_verdict: bool | str | None = None
         # "bwrap" or "none" (§4.4); sent with every registration, re-registrations included.
         self.sandbox_profile = sandbox_profile
         self.http = httpx.Client(
@@ -113,8 +134,40 @@ class ControlPlane:
     def heartbeat(self, incarnation: str) -> bool | str | None:
         """True: alive. False: replaced by another incarnation. "revoked": the token is no
         longer accepted (revoked, rotated, or the worker paired again elsewhere). "lost": the
-        registration is gone but nobody replaced it (register again). None: the API could not
-        be reached."""
+        registration is gone but nobody replaced it (register again). None: neither path could
+        answer."""
+        if self.redis_beat is None:
+            return self.http_heartbeat(incarnation)
+        if self._http_verdict is not None:
+            # The background HTTP beat learned the token was revoked, or another incarnation
+            # replaced this one.
+            return self._http_verdict
+        try:
+            renewed = self.redis_beat(incarnation)
+        except Exception as exc:  # a RedisError, NOSCRIPT/NOPERM after a Redis restart
+            log.warning("Redis heartbeat failed; asking the API", extra={"error": str(exc)})
+            return self.http_heartbeat(incarnation)
+        if renewed == 0:
+            return False
+        if renewed < 0:
+            return self.http_heartbeat(incarnation)
+        self._note_alive(incarnation)
+        return True
+
+    def _note_alive(self, incarnation: str) -> None:
+        """The HTTP beat for Postgres's bookkeeping, one at a time, never waited for."""
+        if self._http_beat is not None and self._http_beat.is_alive():
+            return
+
+        def beat() -> None:
+            verdict = self.http_heartbeat(incarnation)
+            if verdict is False or verdict == "revoked":
+                self._http_verdict = verdict
+
+        self._http_beat = threading.Thread(target=beat, name="http-heartbeat", daemon=True)
+        self._http_beat.start()
+
+    def http_heartbeat(self, incarnation: str) -> bool | str | None:
         try:
             response = self.http.post(
                 "/v1/workers/heartbeat",

@@ -193,6 +193,12 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             token=options["token"],
             sandbox_profile="bwrap" if sandbox is not None else "none",
+            # Heartbeats go straight to Redis under the worker's own credentials (control.py).
+            redis_beat=lambda incarnation: sync_queue().heartbeat(
+                worker_id=options["worker_id"],
+                incarnation=incarnation,
+                ttl_ms=settings.WORKER_OFFLINE_AFTER_S * 1000,
+            ),
         )
 
         def offered() -> list[dict[str, Any]]:

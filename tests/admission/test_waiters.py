@@ -1,0 +1,181 @@
+"""The wake-up reader on real Redis: many waiters, a constant number of connections."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from admission.queue import AsyncQueue, SyncQueue
+
+W = "w1"
+WAITERS = 400
+
+
+def connections_named(sync_redis: redis.Redis, name: str) -> int:
+    return sum(1 for c in sync_redis.client_list() if c.get("name", "").startswith(name))
+
+
+def run(
+    coro_fn: Callable[[AsyncQueue, str], Awaitable[Any]], prefix: str, *, pool_max: int = 8
+) -> Any:
+    name = f"test-waiters-{uuid.uuid4().hex[:8]}"
+
+    async def main() -> Any:
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.ADMISSION_REDIS_URL,
+            decode_responses=True,
+            max_connections=pool_max,
+            client_name=name,
+            timeout=10,
+        )
+        client = aioredis.Redis(connection_pool=pool)
+        queue = AsyncQueue(client, prefix)
+        try:
+            return await coro_fn(queue, name)
+        finally:
+            await queue.waiters.close()
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+async def _enter(q: AsyncQueue, entry_id: str, workspace: str) -> str:
+    entered = await q.enter(
+        worker_id=W,
+        entry_id=entry_id,
+        key=(workspace, ""),
+        queue_budget_ms=60_000,
+        exec_budget_ms=60_000,
+        queue_limit=10_000,
+        slot_ceiling=1,
+        operation="read_file",
+    )
+    return entered.status
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def test_many_waiters_hold_a_constant_number_of_connections(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    SyncQueue(sync_redis, redis_prefix).register_incarnation(
+        worker_id=W, incarnation="inc", slots=1, ttl_ms=60_000
+    )
+
+    async def scenario(q: AsyncQueue, name: str) -> tuple[list[int], list[Any], float]:
+        assert await _enter(q, "running", "busy") == "granted"
+        counts: list[int] = []
+        tasks: list[asyncio.Task[Any]] = []
+        channel = q.keys(W).wake_prefix
+        for batch in (10, WAITERS - 10):
+            for i in range(len(tasks), len(tasks) + batch):
+                assert await _enter(q, f"e{i}", "busy") == "waiting"
+                tasks.append(
+                    asyncio.create_task(q.wait(worker_id=W, entry_id=f"e{i}", timeout_ms=60_000))
+                )
+            # Every waiter is parked on the reader once its channel is subscribed.
+            await _until(
+                lambda: (
+                    sum(len(v) for v in q.waiters.channels[channel].waiters.values()) == len(tasks)
+                )
+            )
+            counts.append(connections_named(sync_redis, name))
+        started = time.monotonic()
+        for i in range(WAITERS):
+            await q.leave(
+                worker_id=W, entry_id=f"e{i}", slot_ceiling=1, message={"t": "cancelled", "i": i}
+            )
+        results = await asyncio.gather(*tasks)
+        return counts, results, time.monotonic() - started
+
+    counts, results, elapsed = run(scenario, redis_prefix)
+    # 10 waiters or 400: the same connections (the command pool's, at most 8, and one
+    # subscriber), where a blocking pop per waiter held 400.
+    assert counts[0] == counts[1] <= 9, counts
+    assert [r["i"] for r in results] == list(range(WAITERS))
+    # Every waiter was woken by its push, not by a periodic look (those come every 5 s).
+    assert elapsed < 4.0, elapsed
+
+
+def test_a_push_made_before_the_wait_is_returned_at_once(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    SyncQueue(sync_redis, redis_prefix).register_incarnation(
+        worker_id=W, incarnation="inc", slots=1, ttl_ms=60_000
+    )
+
+    async def scenario(q: AsyncQueue, _name: str) -> tuple[Any, float]:
+        await _enter(q, "a", "k")
+        await _enter(q, "b", "k")
+        await q.leave(worker_id=W, entry_id="b", slot_ceiling=1, message={"t": "cancelled"})
+        started = time.monotonic()
+        message = await q.wait(worker_id=W, entry_id="b", timeout_ms=3_000)
+        return message, time.monotonic() - started
+
+    message, elapsed = run(scenario, redis_prefix)
+    assert message == {"t": "cancelled"}
+    assert elapsed < 1.0
+
+
+def test_a_wait_times_out_with_none_and_a_cancelled_wait_leaves_no_waiter(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    async def scenario(q: AsyncQueue, _name: str) -> tuple[Any, float, int]:
+        started = time.monotonic()
+        message = await q.wait(worker_id=W, entry_id="nobody", timeout_ms=200)
+        elapsed = time.monotonic() - started
+        task = asyncio.create_task(q.wait(worker_id=W, entry_id="gone", timeout_ms=60_000))
+        channel = q.keys(W).wake_prefix
+        await _until(lambda: "gone" in q.waiters.channels[channel].waiters)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return message, elapsed, len(q.waiters.channels[channel].waiters)
+
+    message, elapsed, left = run(scenario, redis_prefix)
+    assert message is None
+    assert 0.2 <= elapsed < 1.5
+    assert left == 0
+
+
+def test_a_push_during_a_reader_reconnect_still_wakes_its_waiter(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    SyncQueue(sync_redis, redis_prefix).register_incarnation(
+        worker_id=W, incarnation="inc", slots=1, ttl_ms=60_000
+    )
+
+    async def scenario(q: AsyncQueue, name: str) -> tuple[Any, float]:
+        await _enter(q, "a", "k")
+        await _enter(q, "b", "k")
+        task = asyncio.create_task(q.wait(worker_id=W, entry_id="b", timeout_ms=30_000))
+        channel = q.keys(W).wake_prefix
+        await _until(lambda: "b" in q.waiters.channels.get(channel, _Empty).waiters)
+        # Cut the subscriber, then push while it is away: the announcement is lost, the
+        # resubscription wakes the waiter to look at its list.
+        ours = [c["id"] for c in sync_redis.client_list() if c.get("name") == f"{name}:wake"]
+        assert len(ours) == 1
+        sync_redis.client_kill_filter(_id=ours[0])
+        await q.leave(worker_id=W, entry_id="b", slot_ceiling=1, message={"t": "cancelled"})
+        started = time.monotonic()
+        message = await task
+        return message, time.monotonic() - started
+
+    message, elapsed = run(scenario, redis_prefix)
+    assert message == {"t": "cancelled"}
+    assert elapsed < 3.0  # well before the 5 s periodic look
+
+
+class _Empty:
+    waiters: dict[str, Any] = {}
