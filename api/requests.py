@@ -47,7 +47,7 @@ from admission.services import (
 )
 from api.authentication import ApiUser, AsyncApiKeyAuthentication
 from api.base import AsyncApiView
-from api.errors import method_not_allowed, status_of, unauthenticated
+from api.errors import method_not_allowed, status_of
 from api.workspace_tools import WorkspaceToolsExecuteApi, WorkspaceToolsRequestCancelApi
 from api.workspace_tools import _emit as emit_row
 from workspaces.signing import unsigned, verify
@@ -193,15 +193,8 @@ class DurableSubmitApi(WorkspaceToolsExecuteApi):
     """`POST /v1/workspace-tools/requests`: execute's admission, answered 202 once queued."""
 
     async def post(self, request: Request) -> Response:
-        user = request.user
-        assert isinstance(user, ApiUser) and self.resolved is not None
-        caller = user.caller
-        self.draft.tenant_hash, self.draft.principal_hash = (
-            caller.tenant_hash,
-            caller.principal_hash,
-        )
-        if self.invalid is not None or self.parsed is None:
-            raise self.invalid or unauthenticated()
+        caller = self.checked_caller(request)
+        assert self.resolved is not None and self.parsed is not None
         if self.parsed.request_id is None:
             raise Refusal(
                 "INVALID_REQUEST_ID", "X-LibreChat-Workspace-Request-Id is required here."

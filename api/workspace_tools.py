@@ -219,7 +219,9 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         )
         return self.resolved.caller
 
-    async def post(self, request: Request) -> Response:
+    def checked_caller(self, request: Request) -> Caller:
+        """The authenticated caller, named on the row; then the request's own refusal, held
+        back until now so an unauthenticated caller learned nothing, may speak."""
         user = request.user
         assert isinstance(user, ApiUser) and self.resolved is not None
         caller = user.caller
@@ -229,6 +231,11 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         )
         if self.invalid is not None or self.parsed is None:
             raise self.invalid or unauthenticated()
+        return caller
+
+    async def post(self, request: Request) -> Response:
+        caller = self.checked_caller(request)
+        assert self.resolved is not None and self.parsed is not None
         if self.resolved.worker_id is None:
             raise refusals.no_worker_selected()
         self.draft.worker_id = self.resolved.worker_id

@@ -31,6 +31,22 @@ OPENAPI_VERSION = "3.1.0"
 EXECUTE_PATH = "/v1/workspace-tools/execute"
 
 
+def _request_id_parameter() -> Schema:
+    return {"name": "requestId", "in": "path", "required": True, "schema": string("requestId")}
+
+
+def _by_request_id_refusals() -> dict[str, Schema]:
+    """What the routes that look a call up by its request id refuse with."""
+    return {
+        "401": typed("UNAUTHENTICATED", ["UNAUTHENTICATED"]),
+        "404": typed(
+            "REQUEST_NOT_FOUND: unknown id, malformed id, or another principal's call.",
+            ["REQUEST_NOT_FOUND"],
+        ),
+        "503": typed("ADMISSION_UNAVAILABLE", ["ADMISSION_UNAVAILABLE"]),
+    }
+
+
 def _components() -> Schema:
     operations = sorted(p.OPERATIONS)
     schemas: Schema = {}
@@ -297,25 +313,13 @@ def _paths() -> Schema:
                 "description": "Any API process answers; a completed status is kept for at "
                 "least 10 minutes.",
                 "security": [{"apiKey": []}],
-                "parameters": [
-                    {
-                        "name": "requestId",
-                        "in": "path",
-                        "required": True,
-                        "schema": string("requestId"),
-                    }
-                ],
+                "parameters": [_request_id_parameter()],
                 "responses": {
                     "200": {
                         "description": "The call's status.",
                         "content": json_content({"$ref": REF + "DurableStatus"}),
                     },
-                    "401": typed("UNAUTHENTICATED", ["UNAUTHENTICATED"]),
-                    "404": typed(
-                        "REQUEST_NOT_FOUND: unknown id, malformed id, or another principal's call.",
-                        ["REQUEST_NOT_FOUND"],
-                    ),
-                    "503": typed("ADMISSION_UNAVAILABLE", ["ADMISSION_UNAVAILABLE"]),
+                    **_by_request_id_refusals(),
                 },
             },
             "delete": {
@@ -325,25 +329,13 @@ def _paths() -> Schema:
                 "description": "A waiting call is removed and answers 409 REQUEST_CANCELLED; a "
                 "running or finished call is untouched.",
                 "security": [{"apiKey": []}],
-                "parameters": [
-                    {
-                        "name": "requestId",
-                        "in": "path",
-                        "required": True,
-                        "schema": string("requestId"),
-                    }
-                ],
+                "parameters": [_request_id_parameter()],
                 "responses": {
                     "200": {
                         "description": "The call's state.",
                         "content": json_content({"$ref": REF + "CancelState"}),
                     },
-                    "401": typed("UNAUTHENTICATED", ["UNAUTHENTICATED"]),
-                    "404": typed(
-                        "REQUEST_NOT_FOUND: unknown id, malformed id, or another principal's call.",
-                        ["REQUEST_NOT_FOUND"],
-                    ),
-                    "503": typed("ADMISSION_UNAVAILABLE", ["ADMISSION_UNAVAILABLE"]),
+                    **_by_request_id_refusals(),
                 },
             },
         },
