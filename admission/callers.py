@@ -77,6 +77,13 @@ def _cache() -> TtlCache[Any]:
     return _caches[loop]
 
 
+def forget_cached_callers() -> None:
+    """Drop every remembered lookup in this process: a key it quarantined a moment ago must be
+    refused by its very next call here. (Other API processes learn within CACHE_TTL_S.)"""
+    for cache in _caches.values():
+        cache.clear()
+
+
 async def cached_resolve(
     *,
     token: str | None,

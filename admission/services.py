@@ -26,7 +26,7 @@ from sluice_protocol import (
 )
 
 from admission import deadlines, refusals, shutdown
-from admission.callers import caller_key_valid
+from admission.callers import caller_key_valid, forget_cached_callers
 from admission.completion import CompletionDraft, expected_outage
 from admission.connections import async_broker
 from admission.dbthread import in_db_thread
@@ -256,6 +256,7 @@ async def settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, An
         raise _result_invalid(call, "error answer", exc) from None
     if message.get("quarantine") is True and call.operation in MUTATING_OPERATIONS:
         await in_db_thread(quarantine_key, call=call, reason=text)
+        forget_cached_callers()
     raise refusals.worker_refused(code, text)
 
 
