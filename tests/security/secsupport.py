@@ -67,25 +67,43 @@ def tables_containing(needle: str) -> list[str]:
 def redis_dump(client: redis.Redis, prefix: str) -> str:
     """Every key under `prefix` with its value, as one text (strings, hashes, lists, sets, streams)."""
     parts: list[str] = []
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
-        kind = client.type(key)
+    # Values are read as bytes: Django's cache (django-redis) keeps pickles under the prefix
+    # too. Secrets are ASCII, so a lossy decode still shows any that leaked.
+    given = client.connection_pool.connection_kwargs
+    wanted = ("host", "port", "db", "username", "password", "path")
+    raw = redis.Redis(**{k: given[k] for k in wanted if k in given and k != "path"})
+    for name in raw.scan_iter(match=f"{prefix}*", count=1000):
+        key = name.decode("utf-8", "replace")
+        kind = raw.type(name).decode()
         value: Any
         if kind == "string":
-            value = client.get(key)
+            value = raw.get(name)
         elif kind == "hash":
-            value = client.hgetall(key)
+            value = raw.hgetall(name)
         elif kind == "list":
-            value = client.lrange(key, 0, -1)
+            value = raw.lrange(name, 0, -1)
         elif kind == "set":
-            value = client.smembers(key)
+            value = raw.smembers(name)
         elif kind == "zset":
-            value = client.zrange(key, 0, -1, withscores=True)
+            value = raw.zrange(name, 0, -1, withscores=True)
         elif kind == "stream":
-            value = client.xrange(key)
+            value = raw.xrange(name)
         else:
             value = kind
-        parts.append(f"{key} {value!r}")
+        parts.append(f"{key} {_text(value)}")
+    raw.close()
     return "\n".join(parts)
+
+
+def _text(value: Any) -> str:
+    """`value` (bytes, or containers of them) as text, bytes decoded leniently."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return repr({_text(k): _text(v) for k, v in value.items()})
+    if isinstance(value, list | tuple | set):
+        return repr([_text(v) for v in value])
+    return repr(value)
 
 
 def worker_queue(worker_id: str) -> str:
