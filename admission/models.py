@@ -1,4 +1,5 @@
-"""The admission policy (one editable row), quarantined isolation keys, and the completion log."""
+"""The admission policy (one editable row, and overrides per tenant or worker), quarantined
+isolation keys, and the completion log."""
 
 from __future__ import annotations
 
@@ -115,6 +116,84 @@ class AdmissionPolicy(models.Model):
             max_lease_slots=env["CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS"],
             rate_limit=env["WORKSPACE_TOOLS_RATE_LIMIT"],
         )
+
+
+class PolicyOverride(models.Model):
+    """Policy values for one tenant or one worker; a blank field inherits the next level.
+
+    The most specific value wins: the worker's override, then its tenant's, then the global
+    row. A worker's lease-slot ceiling and the operation weights stay global: the slot ceiling
+    is negotiated when a worker registers and used by paths that do not know the caller, and
+    one set of weights keeps a principal's costs the same on every worker.
+    """
+
+    tenant = models.OneToOneField(
+        "workspaces.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy_override",
+    )
+    worker = models.OneToOneField(
+        "workspaces.Worker",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy_override",
+    )
+    job_timeout_ms = models.PositiveIntegerField(
+        "Execution ceiling (ms)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1_000), MaxValueValidator(3_600_000)],
+        help_text="JOB_TIMEOUT: 1000..3600000. Blank: inherit.",
+    )
+    queue_ceiling_ms = models.PositiveIntegerField(
+        "Admission wait ceiling (ms)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(300_000)],
+        help_text="WORKSPACE_QUEUE_CEILING_MS: 1..300000. Blank: inherit.",
+    )
+    worker_queue_limit = models.PositiveIntegerField(
+        "Queue limit per worker",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(1024)],
+        help_text="WORKER_QUEUE_LIMIT: calls admitted at once, running ones included; 1..1024. "
+        "Blank: inherit.",
+    )
+    rate_limit = models.CharField(
+        "Rate limit per principal",
+        max_length=32,
+        blank=True,
+        validators=[validate_rate_limit],
+        help_text="WORKSPACE_TOOLS_RATE_LIMIT, e.g. 120/30s. Blank: inherit.",
+    )
+    rate_limit_enabled = models.BooleanField(
+        "Rate limit on",
+        null=True,
+        blank=True,
+        help_text="WORKSPACE_TOOLS_RATE_LIMIT_ENABLED. Unknown: inherit.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "policy override"
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(tenant__isnull=False, worker__isnull=True)
+                    | models.Q(tenant__isnull=True, worker__isnull=False)
+                ),
+                name="policy_override_one_target",
+            )
+        ]
+
+    def __str__(self) -> str:
+        if self.worker_id is not None:
+            return f"Policy override for worker {self.worker}"
+        return f"Policy override for tenant {self.tenant}"
 
 
 class Quarantine(models.Model):
