@@ -195,6 +195,25 @@ class PolicyOverride(models.Model):
             return f"Policy override for worker {self.worker}"
         return f"Policy override for tenant {self.tenant}"
 
+    def clean(self) -> None:
+        """The global row's rule: a weight above this limit could never be paid."""
+        if not self.rate_limit:
+            return
+        try:
+            rate = RatePolicy.parse(self.rate_limit)
+        except ValueError:
+            return  # The rate_limit field's own validator reports it.
+        row = AdmissionPolicy.objects.filter(pk=1).first()
+        weights = row.operation_weights if row is not None else {}
+        heavy = sorted(op for op, w in (weights or {}).items() if type(w) is int and w > rate.limit)
+        if heavy:
+            raise ValidationError(
+                {
+                    "rate_limit": f"{rate.limit} units is below the weight of {', '.join(heavy)}, "
+                    "so those calls would always get 429. Raise it or lower the weights."
+                }
+            )
+
 
 class Quarantine(models.Model):
     """An isolation key whose last mutation has an unknown outcome; calls on it are refused."""

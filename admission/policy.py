@@ -286,17 +286,6 @@ def policy_override_update(
         else:
             setattr(row, field, parse_value(key, raw))
     _clean(row)
-    if row.rate_limit:
-        # The same rule as the global row: a weight above the limit could never be paid.
-        rate = RatePolicy.parse(row.rate_limit)
-        heavy = sorted(
-            op for op, w in (policy_row().operation_weights or {}).items() if w > rate.limit
-        )
-        if heavy:
-            raise ValueError(
-                f"WORKSPACE_TOOLS_RATE_LIMIT: {rate.limit} units is below the weight of "
-                f"{', '.join(heavy)}, so those calls would always get 429"
-            )
     row.save()
     forget_cached_policy()
     return row

@@ -25,22 +25,29 @@ import httpx
 import psycopg
 import pytest
 from django.conf import settings
-from livesupport import PYTHON, ROOT, Process, free_port, wait_until
+from livesupport import PYTHON, ROOT, Process, free_port
+from psycopg.conninfo import make_conninfo
 
 pytestmark = pytest.mark.timeout(420)
 
-SERVER_ENV = ("DATABASE_URL", "REDIS_URL", "ADMISSION_REDIS_URL", "SLUICE_LOCAL_SECRET", "SECRET_KEY")
+SERVER_ENV = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "ADMISSION_REDIS_URL",
+    "SLUICE_LOCAL_SECRET",
+    "SECRET_KEY",
+)
 
 
-def admin_url(dbname: str) -> dict[str, str]:
+def admin_url(dbname: str) -> str:
     db = settings.DATABASES["default"]
-    return {
-        "host": db["HOST"],
-        "port": db["PORT"] or "5432",
-        "user": db["USER"],
-        "password": db["PASSWORD"],
-        "dbname": dbname,
-    }
+    return make_conninfo(
+        host=db["HOST"],
+        port=db["PORT"] or "5432",
+        user=db["USER"],
+        password=db["PASSWORD"],
+        dbname=dbname,
+    )
 
 
 @pytest.fixture
@@ -62,10 +69,10 @@ def checkout(tmp_path: Path) -> Path:
 def database() -> Iterator[str]:
     name = f"test_devrun_{uuid.uuid4().hex[:8]}"
     conn_args = admin_url("postgres")
-    with psycopg.connect(**conn_args, autocommit=True) as conn:
+    with psycopg.connect(conn_args, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield name
-    with psycopg.connect(**conn_args, autocommit=True) as conn:
+    with psycopg.connect(conn_args, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -109,7 +116,7 @@ def operator(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def stored_queue_limits(database: str) -> tuple[int, list[tuple[str, int | None]]]:
-    with psycopg.connect(**admin_url(database)) as conn:
+    with psycopg.connect(admin_url(database)) as conn:
         row = conn.execute("SELECT worker_queue_limit FROM admission_admissionpolicy").fetchone()
         overrides = conn.execute(
             "SELECT t.name, o.worker_queue_limit FROM admission_policyoverride o "
@@ -183,7 +190,7 @@ def test_operator_commands_reach_the_running_instance_and_a_second_start_refuses
     finally:
         if again.alive():
             stop(again)
-    with psycopg.connect(**admin_url(database)) as conn:
+    with psycopg.connect(admin_url(database)) as conn:
         keys = conn.execute("SELECT count(*) FROM workspaces_apikey").fetchone()
     assert keys == (1,)
 

@@ -42,9 +42,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("assignments", nargs="*", metavar="KEY=VALUE")
-        target = parser.add_mutually_exclusive_group()
-        target.add_argument("--tenant", metavar="NAME", help="Override for this tenant only.")
-        target.add_argument("--worker", metavar="WORKER_ID", help="Override for this worker only.")
+        # Not an argparse exclusive group: its refusal is a multi-line usage text, not one line.
+        parser.add_argument("--tenant", metavar="NAME", help="Override for this tenant only.")
+        parser.add_argument("--worker", metavar="WORKER_ID", help="Override for this worker only.")
         parser.add_argument(
             "--clear", action="store_true", help="Remove the tenant's or worker's override."
         )
@@ -63,6 +63,8 @@ class Command(BaseCommand):
 
     def _handle(self, options: dict[str, Any]) -> None:
         tenant, worker = options["tenant"], options["worker"]
+        if tenant is not None and worker is not None:
+            raise CommandError("give --tenant or --worker, not both")
         if options["check_env"]:
             for line in env_differences():
                 self.stdout.write(line)
