@@ -7,6 +7,7 @@ from the admin, and its list pages are built to stay fast on a table of millions
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from django import forms
@@ -26,8 +27,59 @@ from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
 # Admission policy
 
 
+admin.site.site_header = "Sluice administration"
+admin.site.site_title = "Sluice admin"
+admin.site.index_title = "Tenants, workers, policy and the completion log"
+# "View site" goes to the dashboard; `/` itself sends staff there too.
+admin.site.site_url = "/dashboard/"
+
+
+class WeightsWidget(forms.MultiWidget):
+    """One number box per operation, labelled with its name, instead of a JSON textarea."""
+
+    template_name = "admin/admission/weights_widget.html"
+
+    def __init__(self) -> None:
+        super().__init__(
+            widgets={
+                op: forms.NumberInput(attrs={"min": 1, "max": 1000}) for op in sorted(OPERATIONS)
+            }
+        )
+
+    def decompress(self, value: Any) -> list[Any]:
+        weights = value if isinstance(value, dict) else {}
+        return [weights.get(op, 1) for op in sorted(OPERATIONS)]
+
+    def get_context(self, name: str, value: Any, attrs: Any) -> dict[str, Any]:
+        context = super().get_context(name, value, attrs)
+        for op, sub in zip(sorted(OPERATIONS), context["widget"]["subwidgets"], strict=True):
+            sub["label"] = op
+        return context
+
+
+class WeightsField(forms.MultiValueField):
+    widget = WeightsWidget
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.pop("encoder", None)
+        kwargs.pop("decoder", None)
+        kwargs.pop("max_length", None)
+        fields = [
+            forms.IntegerField(min_value=1, max_value=1000, label=op) for op in sorted(OPERATIONS)
+        ]
+        super().__init__(fields=fields, require_all_fields=True, **kwargs)
+
+    def compress(self, data_list: list[Any]) -> dict[str, int]:
+        return dict(zip(sorted(OPERATIONS), data_list, strict=True)) if data_list else {}
+
+
 class AdmissionPolicyForm(forms.ModelForm):
     """Range checks come from the model's validators; this adds the one cross-field rule."""
+
+    operation_weights = WeightsField(
+        label="Operation weights",
+        help_text="Units each operation costs against the rate limit (1..1000; default 1).",
+    )
 
     class Meta:
         model = AdmissionPolicy
@@ -201,14 +253,56 @@ class HttpStatusFilter(FixedValuesFilter):
     )
 
 
+# How a row reads to a person. The stored `outcome` is the contract's (§5): whether the
+# answer reached the client. For a call refused before it ran that is still "completed",
+# which reads as if the call had run; the summary says what happened instead.
+REFUSED = {
+    "queue_full": "refused: queue full",
+    "queue_timeout": "timed out waiting for a slot",
+    "rate_limited": "refused: rate limited",
+    "rejected_before_queue": "refused before queueing",
+    "cancelled": "cancelled while waiting",
+}
+
+
+def result_summary(row: CompletionLog) -> str:
+    if row.admission_outcome in REFUSED:
+        return REFUSED[row.admission_outcome]
+    if row.outcome == "disconnected":
+        return "client went away"
+    if row.outcome == "cancelled":
+        return "cancelled"
+    return "ok" if row.http_status == 200 else "answered with an error"
+
+
 class CompletionLogAdmin(ReadOnlyAdmin):
     # Old rows go with `manage.py prune_completions`, never one by one from here.
+    # Ten narrow columns: the whole row fits a 1400 px screen; the rest is on the row's page.
     list_display = [
+        "time",
+        "request",
+        "worker_id",
+        "where",
+        "operation",
+        "status",
+        "result",
+        "queue_wait_ms",
+        "exec_ms",
+        "duration_ms",
+    ]
+    list_display_links = ["time", "request"]
+    readonly_fields = ["result"]
+    fields = [
+        "result",
         "created_at",
         "request_id",
+        "uid",
+        "tenant_hash",
+        "principal_hash",
         "worker_id",
         "workspace_id",
         "worktree",
+        "isolation_key_hash",
         "operation",
         "http_status",
         "code",
@@ -218,7 +312,30 @@ class CompletionLogAdmin(ReadOnlyAdmin):
         "slot_index",
         "exec_ms",
         "duration_ms",
+        "deadline_budget_ms",
+        "fencing_ticket",
     ]
+
+    @admin.display(description="time (UTC)", ordering="created_at")
+    def time(self, obj: CompletionLog) -> str:
+        return obj.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+    @admin.display(description="request id", ordering="request_id")
+    def request(self, obj: CompletionLog) -> str:
+        return obj.request_id
+
+    @admin.display(description="workspace")
+    def where(self, obj: CompletionLog) -> str:
+        return f"{obj.workspace_id}@{obj.worktree}" if obj.worktree else obj.workspace_id
+
+    @admin.display(description="status", ordering="http_status")
+    def status(self, obj: CompletionLog) -> str:
+        return f"{obj.http_status} {obj.code}".strip()
+
+    @admin.display(description="result")
+    def result(self, obj: CompletionLog) -> str:
+        return result_summary(obj)
+
     list_filter = [AdmissionOutcomeFilter, OutcomeFilter, OperationFilter, HttpStatusFilter]
     search_fields = ["request_id", "worker_id", "workspace_id", "isolation_key_hash"]
     search_help_text = "Exact request id, worker id, workspace id or isolation-key hash."

@@ -41,33 +41,43 @@ class AdmissionPolicy(models.Model):
     """The single policy row. It starts from the environment and operators edit it at run time."""
 
     job_timeout_ms = models.PositiveIntegerField(
-        "JOB_TIMEOUT (ms)",
+        "Execution ceiling (ms)",
         validators=[MinValueValidator(1_000), MaxValueValidator(3_600_000)],
-        help_text="Operator ceiling on execution.",
+        help_text="The longest a call may run once it has a slot; 1000..3600000. "
+        "Environment: JOB_TIMEOUT.",
     )
     queue_ceiling_ms = models.PositiveIntegerField(
-        "WORKSPACE_QUEUE_CEILING_MS",
+        "Admission wait ceiling (ms)",
         validators=[MinValueValidator(1), MaxValueValidator(300_000)],
-        help_text="Server ceiling on how long a call may wait for admission.",
+        help_text="The longest a call may wait for a slot, whatever it asks for; 1..300000. "
+        "Environment: WORKSPACE_QUEUE_CEILING_MS.",
     )
     worker_queue_limit = models.PositiveIntegerField(
-        "WORKER_QUEUE_LIMIT",
+        "Queue limit per worker",
         validators=[MinValueValidator(1), MaxValueValidator(1024)],
-        help_text="Calls admitted per worker at once, running ones included.",
+        help_text="Calls admitted per worker at once, running ones included; one more gets "
+        "WORKER_QUEUE_FULL. 1..1024. Environment: WORKER_QUEUE_LIMIT.",
     )
     max_lease_slots = models.PositiveSmallIntegerField(
-        "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS",
+        "Lease slots ceiling per worker",
         validators=[MinValueValidator(1), MaxValueValidator(64)],
-        help_text="Ceiling on a worker's lease slots.",
+        help_text="The most slots a worker gets, whatever it asks for; applies when a worker "
+        "registers. 1..64. Environment: CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS.",
     )
     rate_limit = models.CharField(
-        "WORKSPACE_TOOLS_RATE_LIMIT",
+        "Rate limit per principal",
         max_length=32,
         validators=[validate_rate_limit],
-        help_text="Per-principal budget for the workspace endpoint, e.g. 120/30s.",
+        help_text="Units per window for each principal, e.g. 120/30s, 60/1m, 1000/1h. "
+        "Environment: WORKSPACE_TOOLS_RATE_LIMIT.",
     )
-    rate_limit_enabled = models.BooleanField(default=True)
+    rate_limit_enabled = models.BooleanField(
+        "Rate limit on",
+        default=True,
+        help_text="Off: no principal is limited. set_policy key: WORKSPACE_TOOLS_RATE_LIMIT_ENABLED.",
+    )
     operation_weights = models.JSONField(
+        "Operation weights",
         default=default_weights,
         validators=[validate_weights],
         help_text="Units each operation costs against the rate limit.",

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -89,4 +89,24 @@ def live_fragment(request: HttpRequest) -> HttpResponse:
 def live_json(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"at": timezone.now().isoformat(), "workers": [card_json(c) for c in live_cards()]}
+    )
+
+
+@require_GET
+@never_cache
+def home(request: HttpRequest) -> HttpResponse:
+    """`/`: staff go to the dashboard; anyone else gets a pointer to what is served here."""
+    user = request.user
+    if user.is_authenticated and user.is_active and user.is_staff:
+        return redirect("dashboard:index")
+    return JsonResponse(
+        {
+            "service": "Sluice",
+            "execute": "/v1/workspace-tools/execute",
+            "schema": "/v1/schema/",
+            "docs": "/v1/schema/docs/",
+            "health": "/healthz",
+            "dashboard": "/dashboard/",
+            "admin": "/admin/",
+        }
     )

@@ -12,7 +12,7 @@ import pytest
 from livesupport import git_workspace
 from test_policy import manage, rate_limit_seen
 
-from admission.models import AdmissionPolicy, PolicyOverride
+from admission.models import PolicyOverride
 from admission.policy import (
     forget_cached_policy,
     policy_for,
@@ -118,7 +118,7 @@ def test_set_policy_with_tenant_or_worker_prints_the_override_and_refuses_in_one
         assert refused.returncode != 0, args
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert list(PolicyOverride.objects.values_list("rate_limit", flat=True)) == ["9/30s"]
-    assert AdmissionPolicy.objects.get(pk=1).worker_queue_limit == 32
+    assert policy_row().worker_queue_limit == 32
 
 
 def wait_for_limit(http: httpx.Client, account: Any, expected: str, within_s: float) -> float:
