@@ -13,7 +13,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet
-from django.forms import ModelChoiceField, ModelForm
+from django.forms import ModelChoiceField, ModelForm, NullBooleanField, Select
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -65,8 +65,23 @@ def _redis_note(creds: WorkerRedisCredentials | None) -> str:
 # Policy overrides (edited on the tenant's and the worker's page)
 
 
+class PolicyOverrideForm(ModelForm):
+    # "Unknown" (Django's word for a blank yes/no) means inherit here; say so.
+    rate_limit_enabled = NullBooleanField(
+        required=False,
+        label="Rate limit on",
+        widget=Select(choices=[("unknown", "inherit"), ("true", "on"), ("false", "off")]),
+        help_text="WORKSPACE_TOOLS_RATE_LIMIT_ENABLED.",
+    )
+
+    class Meta:
+        model = PolicyOverride
+        fields = ["worker_queue_limit", "queue_ceiling_ms", "job_timeout_ms", "rate_limit"]
+
+
 class PolicyOverrideInline(admin.StackedInline):
     model = PolicyOverride
+    form = PolicyOverrideForm
     fields = [
         "worker_queue_limit",
         "queue_ceiling_ms",
