@@ -1,4 +1,5 @@
-"""The admission policy (one editable row), quarantined isolation keys, and the completion log."""
+"""The admission policy (one editable row, and overrides per tenant or worker), quarantined
+isolation keys, and the completion log."""
 
 from __future__ import annotations
 
@@ -40,33 +41,43 @@ class AdmissionPolicy(models.Model):
     """The single policy row. It starts from the environment and operators edit it at run time."""
 
     job_timeout_ms = models.PositiveIntegerField(
-        "JOB_TIMEOUT (ms)",
+        "Execution ceiling (ms)",
         validators=[MinValueValidator(1_000), MaxValueValidator(3_600_000)],
-        help_text="Operator ceiling on execution.",
+        help_text="The longest a call may run once it has a slot; 1000..3600000. "
+        "Environment: JOB_TIMEOUT.",
     )
     queue_ceiling_ms = models.PositiveIntegerField(
-        "WORKSPACE_QUEUE_CEILING_MS",
+        "Admission wait ceiling (ms)",
         validators=[MinValueValidator(1), MaxValueValidator(300_000)],
-        help_text="Server ceiling on how long a call may wait for admission.",
+        help_text="The longest a call may wait for a slot, whatever it asks for; 1..300000. "
+        "Environment: WORKSPACE_QUEUE_CEILING_MS.",
     )
     worker_queue_limit = models.PositiveIntegerField(
-        "WORKER_QUEUE_LIMIT",
+        "Queue limit per worker",
         validators=[MinValueValidator(1), MaxValueValidator(1024)],
-        help_text="Calls admitted per worker at once, running ones included.",
+        help_text="Calls admitted per worker at once, running ones included; one more gets "
+        "WORKER_QUEUE_FULL. 1..1024. Environment: WORKER_QUEUE_LIMIT.",
     )
     max_lease_slots = models.PositiveSmallIntegerField(
-        "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS",
+        "Lease slots ceiling per worker",
         validators=[MinValueValidator(1), MaxValueValidator(64)],
-        help_text="Ceiling on a worker's lease slots.",
+        help_text="The most slots a worker gets, whatever it asks for; applies when a worker "
+        "registers. 1..64. Environment: CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS.",
     )
     rate_limit = models.CharField(
-        "WORKSPACE_TOOLS_RATE_LIMIT",
+        "Rate limit per principal",
         max_length=32,
         validators=[validate_rate_limit],
-        help_text="Per-principal budget for the workspace endpoint, e.g. 120/30s.",
+        help_text="Units per window for each principal, e.g. 120/30s, 60/1m, 1000/1h. "
+        "Environment: WORKSPACE_TOOLS_RATE_LIMIT.",
     )
-    rate_limit_enabled = models.BooleanField(default=True)
+    rate_limit_enabled = models.BooleanField(
+        "Rate limit on",
+        default=True,
+        help_text="Off: no principal is limited. set_policy key: WORKSPACE_TOOLS_RATE_LIMIT_ENABLED.",
+    )
     operation_weights = models.JSONField(
+        "Operation weights",
         default=default_weights,
         validators=[validate_weights],
         help_text="Units each operation costs against the rate limit.",
@@ -115,6 +126,103 @@ class AdmissionPolicy(models.Model):
             max_lease_slots=env["CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS"],
             rate_limit=env["WORKSPACE_TOOLS_RATE_LIMIT"],
         )
+
+
+class PolicyOverride(models.Model):
+    """Policy values for one tenant or one worker; a blank field inherits the next level.
+
+    The most specific value wins: the worker's override, then its tenant's, then the global
+    row. A worker's lease-slot ceiling and the operation weights stay global: the slot ceiling
+    is negotiated when a worker registers and used by paths that do not know the caller, and
+    one set of weights keeps a principal's costs the same on every worker.
+    """
+
+    tenant = models.OneToOneField(
+        "workspaces.Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy_override",
+    )
+    worker = models.OneToOneField(
+        "workspaces.Worker",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy_override",
+    )
+    job_timeout_ms = models.PositiveIntegerField(
+        "Execution ceiling (ms)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1_000), MaxValueValidator(3_600_000)],
+        help_text="JOB_TIMEOUT: 1000..3600000. Blank: inherit.",
+    )
+    queue_ceiling_ms = models.PositiveIntegerField(
+        "Admission wait ceiling (ms)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(300_000)],
+        help_text="WORKSPACE_QUEUE_CEILING_MS: 1..300000. Blank: inherit.",
+    )
+    worker_queue_limit = models.PositiveIntegerField(
+        "Queue limit per worker",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(1024)],
+        help_text="WORKER_QUEUE_LIMIT: calls admitted at once, running ones included; 1..1024. "
+        "Blank: inherit.",
+    )
+    rate_limit = models.CharField(
+        "Rate limit per principal",
+        max_length=32,
+        blank=True,
+        validators=[validate_rate_limit],
+        help_text="WORKSPACE_TOOLS_RATE_LIMIT, e.g. 120/30s. Blank: inherit.",
+    )
+    rate_limit_enabled = models.BooleanField(
+        "Rate limit on",
+        null=True,
+        blank=True,
+        help_text="WORKSPACE_TOOLS_RATE_LIMIT_ENABLED. Unknown: inherit.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "policy override"
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(tenant__isnull=False, worker__isnull=True)
+                    | models.Q(tenant__isnull=True, worker__isnull=False)
+                ),
+                name="policy_override_one_target",
+            )
+        ]
+
+    def __str__(self) -> str:
+        if self.worker_id is not None:
+            return f"Policy override for worker {self.worker}"
+        return f"Policy override for tenant {self.tenant}"
+
+    def clean(self) -> None:
+        """The global row's rule: a weight above this limit could never be paid."""
+        if not self.rate_limit:
+            return
+        try:
+            rate = RatePolicy.parse(self.rate_limit)
+        except ValueError:
+            return  # The rate_limit field's own validator reports it.
+        row = AdmissionPolicy.objects.filter(pk=1).first()
+        weights = row.operation_weights if row is not None else {}
+        heavy = sorted(op for op, w in (weights or {}).items() if type(w) is int and w > rate.limit)
+        if heavy:
+            raise ValidationError(
+                {
+                    "rate_limit": f"{rate.limit} units is below the weight of {', '.join(heavy)}, "
+                    "so those calls would always get 429. Raise it or lower the weights."
+                }
+            )
 
 
 class Quarantine(models.Model):

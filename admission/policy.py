@@ -1,24 +1,28 @@
-"""The admission policy as API processes see it: the policy row, cached for a second.
+"""The admission policy as API processes see it: the policy row and its overrides, cached
+for a second.
 
-Operators change the row in Django admin or with `manage.py set_policy`; every API process
-re-reads it at most POLICY_CACHE_S later, so a change reaches all of them within 2 s
-without a restart.
+Operators change the row (and the overrides per tenant or worker) in Django admin or with
+`manage.py set_policy`; every API process re-reads them at most POLICY_CACHE_S later, so a
+change reaches all of them within 2 s without a restart. `policy_for()` resolves one call's
+policy: the worker's override, then its tenant's, then the global row, field by field.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from admission.dbthread import in_db_thread
-from admission.models import AdmissionPolicy
+from admission.models import AdmissionPolicy, PolicyOverride
 from admission.ratelimit import RatePolicy
+from workspaces.models import Tenant, Worker
 
 # set_policy KEY -> policy row field. The keys are the contract's environment names.
 POLICY_FIELDS = {
@@ -29,6 +33,14 @@ POLICY_FIELDS = {
     "WORKSPACE_TOOLS_RATE_LIMIT": "rate_limit",
     "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED": "rate_limit_enabled",
 }
+# What an override per tenant or worker may change (PolicyOverride says why the rest may not).
+OVERRIDE_KEYS = [
+    "JOB_TIMEOUT",
+    "WORKSPACE_QUEUE_CEILING_MS",
+    "WORKER_QUEUE_LIMIT",
+    "WORKSPACE_TOOLS_RATE_LIMIT",
+    "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED",
+]
 
 
 @dataclass(frozen=True)
@@ -98,8 +110,110 @@ async def acurrent_policy() -> Policy:
 
 
 def forget_cached_policy() -> None:
-    global _cached
+    global _cached, _overrides_cached
     _cached = None
+    _overrides_cached = None
+
+
+# ---------------------------------------------------------------------------------------
+# Overrides per tenant and per worker
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Every override row, as one process caches it, and the global policy they refine."""
+
+    base: Policy
+    by_worker: dict[str, dict[str, Any]]
+    by_tenant: dict[int, dict[str, Any]]
+
+
+def override_values(row: PolicyOverride) -> dict[str, Any]:
+    """The fields this row sets, as Policy field names (blank ones inherit)."""
+    values: dict[str, Any] = {}
+    for field in ("job_timeout_ms", "queue_ceiling_ms", "worker_queue_limit"):
+        if getattr(row, field) is not None:
+            values[field] = getattr(row, field)
+    if row.rate_limit:
+        values["rate"] = RatePolicy.parse(row.rate_limit)
+    if row.rate_limit_enabled is not None:
+        values["rate_limit_enabled"] = row.rate_limit_enabled
+    return values
+
+
+def load_overrides() -> Overrides:
+    by_worker: dict[str, dict[str, Any]] = {}
+    by_tenant: dict[int, dict[str, Any]] = {}
+    for row in PolicyOverride.objects.select_related("worker"):
+        values = override_values(row)
+        if row.worker is not None:
+            by_worker[row.worker.worker_id] = values
+        elif row.tenant_id is not None:
+            by_tenant[row.tenant_id] = values
+    return Overrides(base=snapshot(policy_row()), by_worker=by_worker, by_tenant=by_tenant)
+
+
+def resolve(overrides: Overrides, *, worker_id: str, tenant_id: int | None) -> Policy:
+    values = dict(overrides.by_tenant.get(tenant_id, {})) if tenant_id is not None else {}
+    values.update(overrides.by_worker.get(worker_id, {}))
+    return replace(overrides.base, **values) if values else overrides.base
+
+
+def policy_sources(
+    overrides: Overrides, *, worker_id: str, tenant_id: int | None
+) -> dict[str, str]:
+    """Policy field -> "worker", "tenant" or "global": where each effective value comes from."""
+    fields = [
+        "job_timeout_ms",
+        "queue_ceiling_ms",
+        "worker_queue_limit",
+        "rate",
+        "rate_limit_enabled",
+    ]
+    worker = overrides.by_worker.get(worker_id, {})
+    tenant = overrides.by_tenant.get(tenant_id, {}) if tenant_id is not None else {}
+    return {f: "worker" if f in worker else "tenant" if f in tenant else "global" for f in fields}
+
+
+# (expiry, overrides, resolved policies by (worker, tenant)). The resolved map only grows
+# with the workers and tenants this process serves, and is dropped at every refresh.
+_overrides_cached: tuple[float, Overrides, dict[tuple[str, int | None], Policy]] | None = None
+
+
+def current_overrides() -> tuple[Overrides, dict[tuple[str, int | None], Policy]]:
+    global _overrides_cached
+    now = time.monotonic()
+    cached = _overrides_cached
+    if cached is not None and cached[0] > now:
+        return cached[1], cached[2]
+    with _lock:
+        fresh = load_overrides()
+        _overrides_cached = (now + settings.POLICY_CACHE_S, fresh, {})
+        return fresh, _overrides_cached[2]
+
+
+def policy_for(*, worker_id: str, tenant_id: int | None) -> Policy:
+    """The policy one call on `worker_id` by a principal of `tenant_id` runs under."""
+    overrides, resolved = current_overrides()
+    key = (worker_id, tenant_id)
+    policy = resolved.get(key)
+    if policy is None:
+        policy = resolved[key] = resolve(overrides, worker_id=worker_id, tenant_id=tenant_id)
+    return policy
+
+
+async def apolicy_for(*, worker_id: str, tenant_id: int | None) -> Policy:
+    """policy_for() for the async path: a dict lookup while the cache is fresh."""
+    cached = _overrides_cached
+    if cached is not None and cached[0] > time.monotonic():
+        policy = cached[2].get((worker_id, tenant_id))
+        if policy is not None:
+            return policy
+        policy = cached[2][(worker_id, tenant_id)] = resolve(
+            cached[1], worker_id=worker_id, tenant_id=tenant_id
+        )
+        return policy
+    return await in_db_thread(lambda: policy_for(worker_id=worker_id, tenant_id=tenant_id))
 
 
 def parse_assignment(text: str) -> tuple[str, str]:
@@ -111,23 +225,20 @@ def parse_assignment(text: str) -> tuple[str, str]:
     return key, value
 
 
-def policy_update(assignments: dict[str, str]) -> AdmissionPolicy:
-    """Validate and store KEY=VALUE changes; raise ValueError with one clear line on any bad value."""
-    row = policy_row()
-    for key, raw in assignments.items():
-        field = POLICY_FIELDS[key]
-        value: Any
-        if field == "rate_limit":
-            value = raw
-        elif field == "rate_limit_enabled":
-            if raw.lower() not in {"1", "0", "true", "false", "on", "off"}:
-                raise ValueError(f"{key} must be on or off, not {raw!r}")
-            value = raw.lower() in {"1", "true", "on"}
-        else:
-            if not raw.isascii() or not raw.isdigit():
-                raise ValueError(f"{key} must be a whole number, not {raw!r}")
-            value = int(raw)
-        setattr(row, field, value)
+def parse_value(key: str, raw: str) -> Any:
+    field = POLICY_FIELDS[key]
+    if field == "rate_limit":
+        return raw
+    if field == "rate_limit_enabled":
+        if raw.lower() not in {"1", "0", "true", "false", "on", "off"}:
+            raise ValueError(f"{key} must be on or off, not {raw!r}")
+        return raw.lower() in {"1", "true", "on"}
+    if not raw.isascii() or not raw.isdigit():
+        raise ValueError(f"{key} must be a whole number, not {raw!r}")
+    return int(raw)
+
+
+def _clean(row: AdmissionPolicy | PolicyOverride) -> None:
     try:
         row.full_clean()
     except ValidationError as exc:
@@ -136,6 +247,83 @@ def policy_update(assignments: dict[str, str]) -> AdmissionPolicy:
             key = next((k for k, f in POLICY_FIELDS.items() if f == field), field)
             problems.append(f"{key}: {' '.join(messages)}")
         raise ValueError("; ".join(problems)) from None
+
+
+def policy_update(assignments: dict[str, str]) -> AdmissionPolicy:
+    """Validate and store KEY=VALUE changes; raise ValueError with one clear line on any bad value."""
+    row = policy_row()
+    for key, raw in assignments.items():
+        setattr(row, POLICY_FIELDS[key], parse_value(key, raw))
+    _clean(row)
     row.save()
     forget_cached_policy()
     return row
+
+
+def override_target(*, tenant: str | None, worker: str | None) -> dict[str, Any]:
+    """The override's owner, looked up by tenant name or worker id; ValueError when unknown."""
+    if (tenant is None) == (worker is None):
+        raise ValueError("name exactly one of a tenant or a worker")
+    if tenant is not None:
+        tenant_row = Tenant.objects.filter(name=tenant).first()
+        if tenant_row is None:
+            raise ValueError(f"no tenant named {tenant!r}")
+        return {"tenant": tenant_row}
+    worker_row = Worker.objects.filter(worker_id=worker).first()
+    if worker_row is None:
+        raise ValueError(f"no worker {worker!r}")
+    return {"worker": worker_row}
+
+
+def policy_override_update(
+    *, tenant: str | None = None, worker: str | None = None, assignments: dict[str, str]
+) -> PolicyOverride:
+    """Set values of one tenant's or worker's override; KEY= (empty) inherits again.
+
+    All or nothing, like policy_update: one bad value leaves the override as it was.
+    """
+    target = override_target(tenant=tenant, worker=worker)
+    row = PolicyOverride.objects.filter(**target).first() or PolicyOverride(**target)
+    for key, raw in assignments.items():
+        if key not in OVERRIDE_KEYS:
+            raise ValueError(
+                f"{key} is global only; an override may set {', '.join(OVERRIDE_KEYS)}"
+            )
+        field = POLICY_FIELDS[key]
+        if raw == "":
+            setattr(row, field, "" if field == "rate_limit" else None)
+        else:
+            setattr(row, field, parse_value(key, raw))
+    _clean(row)
+    row.save()
+    forget_cached_policy()
+    return row
+
+
+def policy_override_clear(*, tenant: str | None = None, worker: str | None = None) -> bool:
+    """Remove one override (everything inherits again); False when there was none."""
+    deleted, _ = PolicyOverride.objects.filter(
+        **override_target(tenant=tenant, worker=worker)
+    ).delete()
+    forget_cached_policy()
+    return deleted > 0
+
+
+def env_differences() -> list[str]:
+    """Policy variables set in this environment that the stored row does not follow.
+
+    The row starts from the environment once; after that operators own it, so a changed
+    variable is ignored until someone applies it. Saying so beats a silent mismatch.
+    """
+    row = policy_row()
+    lines = []
+    for key, value in settings.SLUICE_POLICY_DEFAULTS.items():
+        if not os.environ.get(key):
+            continue
+        stored = getattr(row, POLICY_FIELDS[key])
+        if str(stored) != str(value):
+            lines.append(
+                f"{key}={value} in the environment, but the stored policy says {stored} "
+                f"(the stored policy wins; apply it with: manage.py set_policy {key}={value})"
+            )
+    return lines

@@ -88,12 +88,18 @@ class RateDecision:
         """Response headers: the classic trio, the IETF draft fields, Retry-After on refusal."""
         if policy.limit != self.limit:
             raise ValueError("headers() needs the policy this decision was taken under")
+        # Reset names the moment more units are available to this caller. While some remain
+        # that is when the bucket is full again; once refused it is the moment this call would
+        # pass, the same moment Retry-After names (IETF RateLimit fields draft: a client that
+        # reads either must come back at the same time). The bucket being full later is not
+        # something a refused client can act on.
+        reset_s = self.reset_s if self.allowed else self.retry_after_s
         headers = {
             "RateLimit-Limit": str(self.limit),
             "RateLimit-Remaining": str(self.remaining),
-            "RateLimit-Reset": str(self.reset_s),
+            "RateLimit-Reset": str(reset_s),
             "RateLimit-Policy": f'"{POLICY_NAME}";q={policy.limit};w={policy.window_s}',
-            "RateLimit": f'"{POLICY_NAME}";r={self.remaining};t={self.reset_s}',
+            "RateLimit": f'"{POLICY_NAME}";r={self.remaining};t={reset_s}',
         }
         if not self.allowed:
             headers["Retry-After"] = str(self.retry_after_s)

@@ -31,7 +31,7 @@ from admission.completion import CompletionDraft, expected_outage
 from admission.connections import async_broker
 from admission.dbthread import in_db_thread
 from admission.models import Quarantine
-from admission.policy import Policy, acurrent_policy
+from admission.policy import Policy, apolicy_for
 from admission.queue import AsyncQueue, Grant, offer_tokens
 from admission.ratelimit import RateDecision, RateLimiter
 from admission.selectors import Target
@@ -350,7 +350,7 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
     base, _lane = isolation_key(call.request)
     draft.isolation_key_hash = isolation_key_hash(call.worker_id, call.request)
     try:
-        policy = await acurrent_policy()
+        policy = await apolicy_for(worker_id=call.worker_id, tenant_id=call.caller.tenant_id)
         queue_ms = deadlines.queue_budget_ms(
             header_ms=call.queue_wait_header_ms, ceiling_ms=policy.queue_ceiling_ms
         )

@@ -13,15 +13,19 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet
-from django.forms import ModelChoiceField, ModelForm
+from django.forms import ModelChoiceField, ModelForm, NullBooleanField, Select
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from admission.credentials import (
     RedisAclUnavailable,
     WorkerRedisCredentials,
     worker_credentials_issue,
 )
+from admission.models import PolicyOverride
+from admission.policy import forget_cached_policy, load_overrides, policy_sources, resolve
 from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
 from workspaces.models import ApiKey, Principal, Tenant, Worker, WorkerWorkspace
 from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret
@@ -58,6 +62,81 @@ def _redis_note(creds: WorkerRedisCredentials | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------
+# Policy overrides (edited on the tenant's and the worker's page)
+
+
+class PolicyOverrideForm(ModelForm):
+    # "Unknown" (Django's word for a blank yes/no) means inherit here; say so.
+    rate_limit_enabled = NullBooleanField(
+        required=False,
+        label="Rate limit on",
+        widget=Select(choices=[("unknown", "inherit"), ("true", "on"), ("false", "off")]),
+        help_text="WORKSPACE_TOOLS_RATE_LIMIT_ENABLED.",
+    )
+
+    class Meta:
+        model = PolicyOverride
+        fields = ["worker_queue_limit", "queue_ceiling_ms", "job_timeout_ms", "rate_limit"]
+
+
+class PolicyOverrideInline(admin.StackedInline):
+    model = PolicyOverride
+    form = PolicyOverrideForm
+    fields = [
+        "worker_queue_limit",
+        "queue_ceiling_ms",
+        "job_timeout_ms",
+        "rate_limit",
+        "rate_limit_enabled",
+    ]
+    extra = 0
+    max_num = 1
+    verbose_name = "policy override"
+    verbose_name_plural = (
+        "Policy override (blank fields inherit: the worker's value, then the tenant's, "
+        "then the global admission policy)"
+    )
+
+
+class TenantPolicyOverrideInline(PolicyOverrideInline):
+    fk_name = "tenant"
+
+
+class WorkerPolicyOverrideInline(PolicyOverrideInline):
+    fk_name = "worker"
+
+
+class ForgetsPolicyOnSave(admin.ModelAdmin):
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        # This process sees an override change at once; every other one within POLICY_CACHE_S.
+        forget_cached_policy()
+
+
+def effective_policy_table(worker: Worker) -> SafeString:
+    """The policy calls on `worker` run under, and where each value comes from."""
+    overrides = load_overrides()
+    policy = resolve(overrides, worker_id=worker.worker_id, tenant_id=worker.tenant_id)
+    sources = policy_sources(overrides, worker_id=worker.worker_id, tenant_id=worker.tenant_id)
+    rows = [
+        ("Queue limit per worker", policy.worker_queue_limit, sources["worker_queue_limit"]),
+        ("Admission wait ceiling", f"{policy.queue_ceiling_ms} ms", sources["queue_ceiling_ms"]),
+        ("Execution ceiling", f"{policy.job_timeout_ms} ms", sources["job_timeout_ms"]),
+        ("Rate limit per principal", str(policy.rate), sources["rate"]),
+        (
+            "Rate limit on",
+            "yes" if policy.rate_limit_enabled else "no",
+            sources["rate_limit_enabled"],
+        ),
+        ("Lease slots ceiling", policy.max_lease_slots, "global"),
+    ]
+    body = format_html_join(
+        "", "<tr><th>{}</th><td>{}</td><td>{}</td></tr>", ((n, v, f"from {s}") for n, v, s in rows)
+    )
+    return format_html('<table class="effective-policy">{}</table>', body)
+
+
+# ---------------------------------------------------------------------------------------
 # Tenants and principals
 
 
@@ -69,11 +148,11 @@ class PrincipalInline(admin.TabularInline):
     show_change_link = True
 
 
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ForgetsPolicyOnSave):
     list_display = ["name", "default_worker", "principal_count", "worker_count", "created_at"]
     search_fields = ["name"]
     readonly_fields = ["created_at"]
-    inlines = [PrincipalInline]
+    inlines = [PrincipalInline, TenantPolicyOverrideInline]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
         return (
@@ -172,7 +251,7 @@ class RevokedFilter(IsSetFilter):
 
 
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "principal", "label", "created_at", "last_used_at", "revoked"]
+    list_display = ["prefix", "principal", "label", "created_at", "last_used_at", "state"]
     list_filter = [("principal__tenant", admin.RelatedOnlyFieldListFilter), RevokedFilter]
     search_fields = ["prefix", "principal__name"]
     list_select_related = ["principal__tenant"]
@@ -185,9 +264,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
         # A key made here could not be shown; use "Create API key" on the principal instead.
         return False
 
-    @admin.display(description="revoked", boolean=True, ordering="revoked_at")
-    def revoked(self, obj: ApiKey) -> bool:
-        return obj.is_revoked
+    @admin.display(description="state", ordering="revoked_at")
+    def state(self, obj: ApiKey) -> str:
+        # Words, not the admin's boolean icons: a red cross under "revoked" read as "broken".
+        if obj.revoked_at is None:
+            return "active"
+        return f"revoked {obj.revoked_at.strftime('%Y-%m-%d %H:%M:%S')}"
 
     @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
@@ -240,7 +322,7 @@ class WorkerWorkspaceInline(admin.TabularInline):
         return False
 
 
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(ForgetsPolicyOnSave):
     list_display = [
         "worker_id",
         "tenant",
@@ -260,9 +342,16 @@ class WorkerAdmin(admin.ModelAdmin):
         "registered_at",
         "last_heartbeat_at",
         "created_at",
+        "effective_policy",
     ]
-    inlines = [WorkerWorkspaceInline]
+    inlines = [WorkerWorkspaceInline, WorkerPolicyOverrideInline]
     actions = ["rotate_token"]
+
+    @admin.display(description="effective policy")
+    def effective_policy(self, obj: Worker) -> SafeString:
+        if obj.pk is None:
+            return format_html("{}", "(once the worker is saved)")
+        return effective_policy_table(obj)
 
     def get_inlines(self, request: HttpRequest, obj: Worker | None) -> Any:
         # A worker being added has registered nothing yet.

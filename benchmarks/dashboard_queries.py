@@ -169,12 +169,15 @@ def queries() -> dict[str, Callable[[Any], Any]]:
     from dashboard.attribution import recent_timeouts
 
     return {
-        "wait percentiles / min": history.wait_percentiles,
-        "outcomes / min": history.outcomes,
-        "slot utilisation / min": history.slot_usage,
+        "wait percentiles": history.wait_percentiles,
+        "outcomes (throughput, error rate)": history.outcomes,
+        "slot utilisation": history.slot_usage,
         "top workspaces": lambda w: history.top_contended(w, by_key=False),
         "top isolation keys": lambda w: history.top_contended(w, by_key=True),
         "timeouts + holders (200)": lambda w: recent_timeouts(w, limit=200),
+        "exec percentiles": history.exec_percentiles,
+        "failures by code / operation": history.failures,
+        "tenants and principals": history.callers,
     }
 
 

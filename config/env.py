@@ -96,3 +96,35 @@ def local_secret(path: Path) -> str:
     finally:
         candidate.unlink()
     return path.read_text().strip()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # Someone else's process: alive, though not ours to signal.
+    return True
+
+
+def read_instance_env(path: Path) -> dict[str, str]:
+    """The URLs a running `make run` recorded in `path` (`scripts/dev.py`), or {} when none runs.
+
+    A file left behind by a run that was killed outright names a pid that is gone, so it is
+    ignored rather than pointing operator commands at servers that no longer exist.
+    """
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return {}
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            values[key.strip()] = value.strip()
+    try:
+        pid = int(values.get("SLUICE_RUN_PID", ""))
+    except ValueError:
+        return {}
+    return values if pid_alive(pid) else {}

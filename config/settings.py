@@ -5,14 +5,43 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import sys
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
 from config import role
-from config.env import database_from_url, env_bool, env_int, env_str, local_secret
+from config.env import (
+    database_from_url,
+    env_bool,
+    env_int,
+    env_str,
+    local_secret,
+    read_instance_env,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+# Where the servers are: the environment first, else the instance `make run` started in this
+# checkout (it records its URLs in var/run/env, 0600), so an operator command in that checkout
+# reaches that instance with no extra settings. A worker is handed its own Redis URL and no
+# database, so it never reads the file (it holds the server's unrestricted URLs).
+INSTANCE_ENV_FILE = BASE_DIR / "var" / "run" / "env"
+# All or nothing: a DATABASE_URL from the environment never pairs with the instance's Redis.
+_instance = (
+    {} if role.WORKER or os.environ.get("DATABASE_URL") else read_instance_env(INSTANCE_ENV_FILE)
+)
+# The test suite and the type checker (which imports settings to learn the models and opens
+# nothing) keep the machine's local default; nothing else may guess a database.
+_LOCAL_DEFAULTS_OK = bool(os.environ.get("PYTEST_VERSION")) or "mypy" in sys.modules
+DATABASE_URL = env_str("DATABASE_URL", _instance.get("DATABASE_URL", ""))
+if not DATABASE_URL and not role.WORKER:
+    if not _LOCAL_DEFAULTS_OK:
+        raise ImproperlyConfigured(
+            "DATABASE_URL is not set and no `make run` is running in this checkout "
+            f"({INSTANCE_ENV_FILE.relative_to(BASE_DIR)}); start `make run` or set DATABASE_URL"
+        )
+    DATABASE_URL = "postgres://root@127.0.0.1:5432/test"
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY", "")
@@ -25,7 +54,11 @@ elif not SECRET_KEY:
     # run (make run / make test / CI opt in with SLUICE_LOCAL_SECRET=1, or DEBUG) gets a random
     # key kept in var/ for this checkout; anything else must be given SECRET_KEY.
     # pytest (8.2+) names itself in PYTEST_VERSION: a test session is a local run too.
-    if not (DEBUG or env_bool("SLUICE_LOCAL_SECRET", False) or os.environ.get("PYTEST_VERSION")):
+    # An operator command reaching a `make run` instance uses that instance's local key.
+    local_run = (
+        env_bool("SLUICE_LOCAL_SECRET", False) or _instance.get("SLUICE_LOCAL_SECRET") == "1"
+    )
+    if not (DEBUG or local_run or os.environ.get("PYTEST_VERSION")):
         raise ImproperlyConfigured(
             "SECRET_KEY is not set. Set it (and the same value on every API process); "
             "for a local run set SLUICE_LOCAL_SECRET=1 instead."
@@ -45,6 +78,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Widget templates come from TEMPLATES (templates/ first), so a widget may have its own.
+    "django.forms",
     "rest_framework",
     "workspaces",
     "admission",
@@ -65,6 +100,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+FORM_RENDERER = "django.forms.renderers.TemplatesSetting"
+
 ROOT_URLCONF = "config.urls"
 ASGI_APPLICATION = "config.asgi.application"
 
@@ -83,14 +120,13 @@ TEMPLATES = [
     },
 ]
 
-DATABASE_URL = env_str("DATABASE_URL", "postgres://root@127.0.0.1:5432/test")
 # A worker has no database: Django's dummy backend makes any query it tried fail loudly
 # instead of quietly reaching for a Postgres the worker machine does not have.
 DATABASES = {} if role.WORKER else {"default": database_from_url(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: the Celery broker, and (unless split out) admission, rate limits and the log buffer.
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env_str("REDIS_URL", _instance.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
 ADMISSION_REDIS_URL = env_str("ADMISSION_REDIS_URL", REDIS_URL)
 # On: ADMISSION_REDIS_URL names any one node of a Redis Cluster (the clients find the rest).
 # The Celery broker (REDIS_URL / CELERY_BROKER_URL) stays a plain Redis either way.
@@ -180,6 +216,7 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+FORMAT_MODULE_PATH = ["config.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True

@@ -5,8 +5,10 @@ from django.urls import include, path
 
 from config.health import healthz
 from dashboard.metrics import metrics_view
+from dashboard.views import home
 
 urlpatterns = [
+    path("", home, name="home"),
     path("healthz", healthz, name="healthz"),
     path("", include("api.urls")),
     path("metrics", metrics_view, name="metrics"),

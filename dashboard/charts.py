@@ -193,7 +193,7 @@ def stacked_bars(
         if x < LEFT - 0.5:
             continue
         tip = ", ".join(f"{label} {counts[key]}" for key, label, _ in categories if counts.get(key))
-        group = [f"<g><title>{t:%H:%M} UTC: {escape(tip)}</title>"]
+        group = [f"<g><title>{t:%H:%M:%S} UTC: {escape(tip)}</title>"]
         acc = 0
         for key, _, color in categories:
             n = counts.get(key, 0)

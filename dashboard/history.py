@@ -158,3 +158,69 @@ def top_contended(
         c for c, _, rank in sorted(items, key=lambda i: i[2]) if rank <= limit and c.timeouts > 0
     ]
     return by_wait, by_timeouts
+
+
+def exec_percentiles(window: Window) -> list[WaitPoint]:
+    """Execution-time p50/p95/p99 per bucket over calls that reached a worker and ran."""
+    sql = f"""
+        SELECT date_bin(%(step)s, created_at, {ORIGIN}) AS t,
+               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY exec_ms),
+               count(*)
+        FROM {TABLE}
+        WHERE created_at >= %(since)s AND created_at < %(until)s {window.worker_sql}
+          AND exec_ms IS NOT NULL
+        GROUP BY 1 ORDER BY 1
+    """
+    return [WaitPoint(t, p[0], p[1], p[2], n) for t, p, n in fetch_rows(sql, window.params())]
+
+
+@dataclass(frozen=True)
+class Failure:
+    http_status: int
+    code: str
+    operation: str
+    calls: int
+
+
+def failures(window: Window) -> list[Failure]:
+    """Every answer but a 200, by status, code and operation (most frequent first)."""
+    sql = f"""
+        SELECT http_status, code, operation, count(*)
+        FROM {TABLE}
+        WHERE created_at >= %(since)s AND created_at < %(until)s {window.worker_sql}
+          AND http_status <> 200
+        GROUP BY 1, 2, 3 ORDER BY 4 DESC
+    """
+    return [Failure(s, c, o, n) for s, c, o, n in fetch_rows(sql, window.params())]
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant_hash: str
+    principal_hash: str
+    calls: int
+    errors: int
+    rate_limited: int
+    queue_timeouts: int
+    queue_full: int
+    total_wait_ms: int
+    max_wait_ms: int
+
+
+def callers(window: Window, *, limit: int = 20) -> list[Caller]:
+    """Per principal (and its tenant): who calls, who waits, who is refused; most calls first."""
+    sql = f"""
+        SELECT tenant_hash, principal_hash, count(*),
+               count(*) FILTER (WHERE http_status <> 200),
+               count(*) FILTER (WHERE admission_outcome = 'rate_limited'),
+               count(*) FILTER (WHERE admission_outcome = 'queue_timeout'),
+               count(*) FILTER (WHERE admission_outcome = 'queue_full'),
+               coalesce(sum(queue_wait_ms), 0), coalesce(max(queue_wait_ms), 0)
+        FROM {TABLE}
+        WHERE created_at >= %(since)s AND created_at < %(until)s {window.worker_sql}
+        GROUP BY 1, 2 ORDER BY 3 DESC LIMIT %(limit)s
+    """
+    return [
+        Caller(r[0], r[1], r[2], r[3], r[4], r[5], r[6], int(r[7]), int(r[8]))
+        for r in fetch_rows(sql, window.params() | {"limit": limit})
+    ]

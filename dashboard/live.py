@@ -15,7 +15,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from admission.connections import sync_queue
-from admission.policy import current_policy
+from admission.policy import Policy, current_overrides, current_policy, policy_for, policy_sources
 from admission.queue import decode_entry, worker_keys
 from workspaces.models import Worker
 from workspaces.secrets import keyed_hash
@@ -73,6 +73,9 @@ class WorkerCard:
     waiting: int = 0
     oldest_wait_ms: int = 0
     waiting_groups: list[WaitingGroup] = field(default_factory=list)
+    # The effective policy of calls on this worker, where it differs from the global row:
+    # "queue limit 8 (tenant), rate limit 30/30s (worker)". Empty when nothing is overridden.
+    policy_note: str = ""
 
     @property
     def running(self) -> int:
@@ -99,7 +102,7 @@ def live_cards(*, worker_ids: list[str] | None = None, client: Any = None) -> li
     if worker_ids is not None:
         workers = [w for w in workers if w.worker_id in worker_ids]
     client = client if client is not None else sync_queue().client
-    ceiling, limit = policy_ceilings()
+    ceiling, _ = policy_ceilings()
     # The scripts' clock: entry times are Redis TIME, not this host's. Asked outside the
     # pipeline: a cluster pipeline refuses a keyless command.
     seconds, micros = client.time()
@@ -115,8 +118,28 @@ def live_cards(*, worker_ids: list[str] | None = None, client: Any = None) -> li
     for i, worker in enumerate(workers):
         reg, ids, raw_entries = replies[1 + 3 * i : 4 + 3 * i]
         entries = [decode_entry(raw_entries[e]) for e in ids if e in raw_entries]
-        cards.append(_card(worker, reg, entries, now_ms=now_ms, ceiling=ceiling, limit=limit))
+        policy = policy_for(worker_id=worker.worker_id, tenant_id=worker.tenant_id)
+        card = _card(
+            worker, reg, entries, now_ms=now_ms, ceiling=ceiling, limit=policy.worker_queue_limit
+        )
+        card.policy_note = _policy_note(worker, policy)
+        cards.append(card)
     return cards
+
+
+def _policy_note(worker: Worker, policy: Policy) -> str:
+    overrides, _ = current_overrides()
+    sources = policy_sources(overrides, worker_id=worker.worker_id, tenant_id=worker.tenant_id)
+    shown = {
+        "worker_queue_limit": f"queue limit {policy.worker_queue_limit}",
+        "queue_ceiling_ms": f"wait ceiling {policy.queue_ceiling_ms} ms",
+        "job_timeout_ms": f"exec ceiling {policy.job_timeout_ms} ms",
+        "rate": f"rate limit {policy.rate}",
+        "rate_limit_enabled": "rate limit " + ("on" if policy.rate_limit_enabled else "off"),
+    }
+    return ", ".join(
+        f"{text} ({sources[name]})" for name, text in shown.items() if sources[name] != "global"
+    )
 
 
 def _card(
@@ -189,6 +212,7 @@ def card_json(card: WorkerCard) -> dict[str, Any]:
         "waiting": card.waiting,
         "held": card.held,
         "queue_limit": card.queue_limit,
+        "policy_overrides": card.policy_note,
         "oldest_wait_ms": card.oldest_wait_ms,
         "heartbeat_age_s": card.heartbeat_age_s,
         "slots": [

@@ -161,7 +161,7 @@ class SluiceCollector:
             for card in cards:
                 family.add_metric([card.worker_id], value(card))
             yield family
-        limit = cards[0].queue_limit if cards else policy_ceilings()[1]
+        limit = policy_ceilings()[1]  # the global row: a worker may have an override
         yield GaugeMetricFamily(
             "sluice_queue_limit",
             "WORKER_QUEUE_LIMIT: calls a worker's queue admits at once.",

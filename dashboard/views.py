@@ -12,7 +12,7 @@ from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -20,11 +20,13 @@ from django.views.decorators.http import require_GET
 
 from dashboard.live import card_json, live_cards
 from dashboard.panels import history_panels
-from dashboard.window import DEFAULT_RANGE, RANGES, Window, parse_duration
+from dashboard.window import DEFAULT_RANGE, RANGES, Window, parse_duration, step_label
 from workspaces.models import Worker
 
 # The live cards refresh this often (the page's script reads it from the markup).
 LIVE_REFRESH_MS = 2000
+# The history half re-runs its queries this often: each is a scan of the window's rows.
+HISTORY_REFRESH_MS = 30_000
 
 View = Callable[..., HttpResponse]
 
@@ -51,27 +53,40 @@ def _window(request: HttpRequest) -> tuple[Window, str]:
 
 
 def _step_label(window: Window) -> str:
-    minutes = int(window.step.total_seconds() // 60)
-    return (
-        "minute" if minutes == 1 else f"{minutes} minutes" if minutes < 60 else f"{minutes // 60} h"
-    )
+    return step_label(window.step)
+
+
+def _history_context(request: HttpRequest) -> dict[str, Any]:
+    window, chosen = _window(request)
+    return {
+        "history": history_panels(window),
+        "ranges": RANGES,
+        "chosen_range": chosen,
+        "workers": list(Worker.objects.order_by("worker_id").values_list("worker_id", flat=True)),
+        "step_label": _step_label(window),
+        "history_refresh_ms": HISTORY_REFRESH_MS,
+        "history_refresh_s": HISTORY_REFRESH_MS // 1000,
+        "now": timezone.now(),
+    }
+
+
+@require_GET
+@never_cache
+@staff_required
+def history_fragment(request: HttpRequest) -> HttpResponse:
+    """The history half alone, for the page to refresh itself with (same query string)."""
+    return render(request, "dashboard/_history.html", _history_context(request))
 
 
 @require_GET
 @never_cache
 @staff_required
 def dashboard_index(request: HttpRequest) -> HttpResponse:
-    window, chosen = _window(request)
     context = {
+        **_history_context(request),
         "cards": live_cards(),
-        "history": history_panels(window),
-        "ranges": RANGES,
-        "chosen_range": chosen,
-        "workers": list(Worker.objects.order_by("worker_id").values_list("worker_id", flat=True)),
         "refresh_ms": LIVE_REFRESH_MS,
         "refresh_s": LIVE_REFRESH_MS // 1000,
-        "step_label": _step_label(window),
-        "now": timezone.now(),
     }
     return render(request, "dashboard/index.html", context)
 
@@ -89,4 +104,24 @@ def live_fragment(request: HttpRequest) -> HttpResponse:
 def live_json(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         {"at": timezone.now().isoformat(), "workers": [card_json(c) for c in live_cards()]}
+    )
+
+
+@require_GET
+@never_cache
+def home(request: HttpRequest) -> HttpResponse:
+    """`/`: staff go to the dashboard; anyone else gets a pointer to what is served here."""
+    user = request.user
+    if user.is_authenticated and user.is_active and user.is_staff:
+        return redirect("dashboard:index")
+    return JsonResponse(
+        {
+            "service": "Sluice",
+            "execute": "/v1/workspace-tools/execute",
+            "schema": "/v1/schema/",
+            "docs": "/v1/schema/docs/",
+            "health": "/healthz",
+            "dashboard": "/dashboard/",
+            "admin": "/admin/",
+        }
     )

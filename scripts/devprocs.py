@@ -3,12 +3,16 @@
 Every long-running child gets its own session, so a Ctrl-C in the terminal reaches only
 scripts/dev.py, which then stops the children in its own order. Each child's pid and command
 line are written under var/run/, so a run that was killed outright (and could not stop its
-children) has them stopped by the next run instead of leaving them bound to their ports.
+children) has them stopped by the next run instead of leaving them bound to their ports. A
+lock under var/run/ keeps a second `make run` in the same checkout from doing that to a run
+that is still alive. Every child's output also goes to var/log/<name>.log; a child may keep
+chatty lines (the API's one line per call) out of the terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import queue
@@ -19,6 +23,7 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +31,10 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 PIDS = VAR / "run"
+LOGS = VAR / "log"
+# The URLs of the running instance, read by config/settings.py for operator commands.
+RUN_ENV = PIDS / "env"
+RUN_LOCK = PIDS / "dev.lock"
 PY = sys.executable
 DB_NAME = "sluice"
 
@@ -41,9 +50,20 @@ def say(text: str) -> None:
 class Child:
     """A long-running child in its own session, its output echoed with its name in front."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        log_only: Callable[[str], bool] | None = None,
+    ) -> None:
         self.name = name
         self.lines: queue.Queue[str] = queue.Queue()
+        self._log_only = log_only
+        LOGS.mkdir(parents=True, exist_ok=True)
+        self.log_path = LOGS / f"{name}.log"
+        self._log = self.log_path.open("a", buffering=1)
         self.proc = subprocess.Popen(
             args,
             cwd=ROOT,
@@ -63,7 +83,9 @@ class Child:
     def _pump(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            print(f"[{self.name}] {line}", end="", flush=True)
+            self._log.write(line)
+            if self._log_only is None or not self._log_only(line):
+                print(f"[{self.name}] {line}", end="", flush=True)
             self.lines.put(line)
 
     def alive(self) -> bool:
@@ -96,6 +118,69 @@ class Child:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         self.pidfile.unlink(missing_ok=True)
+
+
+def claim_checkout() -> int:
+    """Hold this checkout's run lock for as long as this process lives; returns its fd.
+
+    flock, not a pid file alone: the kernel drops the lock when the holder dies however it
+    died, so a killed run never blocks the next one, and two starts at once cannot both win.
+    """
+    PIDS.mkdir(parents=True, exist_ok=True)
+    fd = os.open(RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise SetupError(
+            f"make run is already running in this checkout (pid {holder}); "
+            "stop it first (Ctrl-C in its terminal)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner only, never visible half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def record_instance(env: dict[str, str]) -> None:
+    """var/run/env: where this run's servers are, for operator commands in this checkout."""
+    lines = {
+        "SLUICE_RUN_PID": str(os.getpid()),
+        "DATABASE_URL": env["DATABASE_URL"],
+        "REDIS_URL": env["REDIS_URL"],
+    }
+    if env.get("ADMISSION_REDIS_URL"):
+        lines["ADMISSION_REDIS_URL"] = env["ADMISSION_REDIS_URL"]
+    if not env.get("SECRET_KEY"):
+        # The API uses the checkout's local key (var/local-secret-key); so may commands.
+        lines["SLUICE_LOCAL_SECRET"] = "1"
+    write_private(RUN_ENV, "".join(f"{k}={v}\n" for k, v in lines.items()))
+
+
+def forget_instance() -> None:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        if RUN_ENV.read_text().startswith(f"SLUICE_RUN_PID={os.getpid()}\n"):
+            RUN_ENV.unlink()
+
+
+def shown_url(url: str) -> str:
+    """`url` with any password replaced, for the terminal."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
 
 
 def _is_our_child(pid: int, args: list[str]) -> bool:

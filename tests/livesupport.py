@@ -42,13 +42,15 @@ def unique(name: str) -> str:
 class Process:
     """A child process whose output is collected line by line (and can be waited on)."""
 
-    def __init__(self, args: list[str], env: dict[str, str], name: str) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], name: str, *, cwd: Path = ROOT
+    ) -> None:
         self.args, self.env, self.name = args, env, name
         self.lines: list[str] = []
         self._new: queue.Queue[str] = queue.Queue()
         self.proc = subprocess.Popen(
             args,
-            cwd=ROOT,
+            cwd=cwd,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -33,7 +33,8 @@ def principal_id_of(raw_key: str) -> int | None:
     return None if caller is None else caller.principal_id
 
 
-def policy_form(**changes: Any) -> dict[str, Any]:
+def policy_form(*, weights: dict[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
+    """The policy page's POST: one number box per operation weight (1 unless given)."""
     data: dict[str, Any] = {
         "job_timeout_ms": 300_000,
         "queue_ceiling_ms": 300_000,
@@ -41,9 +42,10 @@ def policy_form(**changes: Any) -> dict[str, Any]:
         "max_lease_slots": 8,
         "rate_limit": "120/30s",
         "rate_limit_enabled": "on",
-        "operation_weights": '{"read_file": 1}',
         "_save": "Save",
     }
+    for op in sorted(OPERATIONS):
+        data[f"operation_weights_{op}"] = (weights or {}).get(op, 1)
     data.update(changes)
     return data
 
@@ -136,8 +138,9 @@ def test_the_policy_list_is_the_one_policy_page_created_from_the_environment(
         ("job_timeout_ms", 999),
         ("rate_limit", "120/30"),
         ("rate_limit", "0/30s"),
-        ("operation_weights", '{"read_file": 0}'),
-        ("operation_weights", '{"teleport": 1}'),
+        ("operation_weights_read_file", 0),
+        ("operation_weights_execute_command", 1001),
+        ("operation_weights_list_files", ""),
     ],
 )
 def test_the_policy_page_refuses_an_out_of_range_value(
@@ -146,7 +149,8 @@ def test_the_policy_page_refuses_an_out_of_range_value(
     before = policy_row()
     response = admin_client.post(f"{POLICY_URL}1/change/", policy_form(**{field: value}))
     assert response.status_code == 200  # The form again, not a redirect after saving.
-    assert field in response.context["adminform"].form.errors
+    named = "operation_weights" if field.startswith("operation_weights") else field
+    assert named in response.context["adminform"].form.errors
     after = AdmissionPolicy.objects.get()
     assert (after.queue_ceiling_ms, after.worker_queue_limit, after.rate_limit) == (
         before.queue_ceiling_ms,
@@ -161,9 +165,7 @@ def test_the_policy_page_refuses_a_weight_the_rate_limit_could_never_pay(
     policy_row()
     response = admin_client.post(
         f"{POLICY_URL}1/change/",
-        policy_form(
-            rate_limit="10/30s", operation_weights='{"read_file": 10, "execute_command": 11}'
-        ),
+        policy_form(rate_limit="10/30s", weights={"read_file": 10, "execute_command": 11}),
     )
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors["operation_weights"]
@@ -176,9 +178,7 @@ def test_a_valid_policy_edit_is_stored_and_used_at_once(admin_client: Client) ->
     current_policy()  # Warm this process's cache, which the save must not leave stale.
     response = admin_client.post(
         f"{POLICY_URL}1/change/",
-        policy_form(
-            worker_queue_limit=5, rate_limit="10/30s", operation_weights='{"execute_command": 10}'
-        ),
+        policy_form(worker_queue_limit=5, rate_limit="10/30s", weights={"execute_command": 10}),
     )
     assert response.status_code == 302
     policy = current_policy()
@@ -444,7 +444,12 @@ def test_a_tenants_default_worker_can_only_be_one_of_its_own(
     foreign = worker(Tenant.objects.create(name="globex"), "foreign-worker", heartbeat_s_ago=None)
     page = admin_client.get(f"/admin/workspaces/tenant/{tenant.pk}/change/").content.decode()
     assert "own-worker" in page and "foreign-worker" not in page
-    inline = {"principals-TOTAL_FORMS": "0", "principals-INITIAL_FORMS": "0"}
+    inline = {
+        "principals-TOTAL_FORMS": "0",
+        "principals-INITIAL_FORMS": "0",
+        "policy_override-TOTAL_FORMS": "0",
+        "policy_override-INITIAL_FORMS": "0",
+    }
     refused = admin_client.post(
         f"/admin/workspaces/tenant/{tenant.pk}/change/",
         {"name": "acme", "default_worker": foreign.pk, **inline},
@@ -472,3 +477,99 @@ def test_a_worker_added_in_admin_gets_a_token_shown_once(
     assert len(tokens) == 1
     added = Worker.objects.get(worker_id="added-by-hand")
     assert added.token_hash == hashlib.sha256(tokens[0].encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------
+# Overrides, branding, and pages that read right
+
+
+def test_a_tenant_override_saved_on_the_tenant_page_shows_on_its_workers_page(
+    admin_client: Client, tenant: Tenant
+) -> None:
+    worker = Worker.objects.create(worker_id="w-acme", tenant=tenant, token_hash="x" * 64)
+    prefix = "policy_override"
+    response = admin_client.post(
+        f"/admin/workspaces/tenant/{tenant.pk}/change/",
+        {
+            "name": tenant.name,
+            "default_worker": "",
+            "principals-TOTAL_FORMS": "0",
+            "principals-INITIAL_FORMS": "0",
+            f"{prefix}-TOTAL_FORMS": "1",
+            f"{prefix}-INITIAL_FORMS": "0",
+            f"{prefix}-0-worker_queue_limit": "4",
+            f"{prefix}-0-rate_limit": "",
+            f"{prefix}-0-rate_limit_enabled": "unknown",
+            "_save": "Save",
+        },
+    )
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert tenant.policy_override.worker_queue_limit == 4
+    page = admin_client.get(f"/admin/workspaces/worker/{worker.pk}/change/").content.decode()
+    effective = page[page.index('class="effective-policy"') :]
+    assert re.search(r"Queue limit per worker</th><td>4</td><td>from tenant", effective)
+    assert re.search(r"Rate limit per principal</th><td>120/30s</td><td>from global", effective)
+
+
+def test_admin_is_branded_and_view_site_and_root_lead_to_the_dashboard(
+    admin_client: Client, client: Client, db: None
+) -> None:
+    index = admin_client.get("/admin/").content.decode()
+    assert "Sluice administration" in index and "Django administration" not in index
+    assert 'href="/dashboard/"' in index
+    root = admin_client.get("/")
+    assert root.status_code == 302 and root["Location"] == "/dashboard/"
+    anonymous = client.get("/")
+    assert anonymous.status_code == 200
+    assert anonymous.json()["execute"] == "/v1/workspace-tools/execute"
+
+
+def test_the_policy_page_has_readable_labels_and_one_box_per_weight(
+    admin_client: Client,
+) -> None:
+    policy_row()
+    page = admin_client.get(f"{POLICY_URL}1/change/").content.decode()
+    assert "Queue limit per worker" in page and "Environment: WORKER_QUEUE_LIMIT" in page
+    for op in OPERATIONS:
+        assert f'name="operation_weights_{op}"' in page
+    assert "<textarea" not in page
+
+
+def test_the_completion_log_says_refused_for_a_refusal_and_shows_seconds(
+    admin_client: Client, db: None
+) -> None:
+    at = timezone.now().replace(microsecond=0)
+    CompletionLog.objects.create(
+        uid="u1",
+        request_id="r-429",
+        created_at=at,
+        tenant_hash="t",
+        principal_hash="p",
+        worker_id="w1",
+        operation="read_file",
+        http_status=429,
+        code="rate_limited",
+        outcome="completed",
+        admission_outcome="rate_limited",
+    )
+    page = admin_client.get("/admin/admission/completionlog/").content.decode()
+    assert "refused: rate limited" in page
+    assert at.strftime("%Y-%m-%d %H:%M:%S") in page
+    row = CompletionLog.objects.get()
+    detail = admin_client.get(f"/admin/admission/completionlog/{row.pk}/change/").content.decode()
+    assert "refused: rate limited" in detail
+    # The stored value is the contract's and stays as it was.
+    assert CompletionLog.objects.get().outcome == "completed"
+
+
+def test_an_active_key_reads_active_and_a_revoked_one_says_when(
+    admin_client: Client, owner: Principal
+) -> None:
+    make_key(owner)
+    _, revoked = make_key(owner)
+    revoked.revoked_at = timezone.now()
+    revoked.save()
+    page = admin_client.get("/admin/workspaces/apikey/").content.decode()
+    assert ">active<" in page
+    assert f"revoked {revoked.revoked_at.strftime('%Y-%m-%d %H:%M:%S')}" in page
+    assert "icon-no.svg" not in page

@@ -89,7 +89,11 @@ RETRY_AFTER = _header("seconds", "Whole seconds (>= 1) to wait before retrying."
 _BUDGET_HEADERS: dict[str, Schema] = {
     "RateLimit-Limit": _header("count", "Units per window (§3); absent while limiting is off."),
     "RateLimit-Remaining": _header("count", "Units left now; 0 on a rate-limit refusal."),
-    "RateLimit-Reset": _header("count", "Whole seconds until the bucket is full again."),
+    "RateLimit-Reset": _header(
+        "count",
+        "Whole seconds until more units are available: until the bucket is full again on an "
+        "allowed call, until this call would pass (= Retry-After) on a 429.",
+    ),
     "RateLimit-Policy": {
         "description": "IETF draft policy field.",
         "schema": {"type": "string", "pattern": f'^"{POLICY_NAME}";q=[0-9]+;w=[0-9]+$'},

@@ -26,7 +26,7 @@ from typing import IO, Any, NoReturn
 import httpx
 
 from sluice_client.durable_answers import DurableMode
-from sluice_client.errors import WorkspaceToolError
+from sluice_client.errors import WorkspaceToolError, describe, worker_said
 from sluice_client.operations import build_request
 from sluice_client.sync_client import Client
 
@@ -236,7 +236,12 @@ def main(
             else:
                 result = client.execute(request, cancel=cancel, request_id=args.request_id)
         except WorkspaceToolError as exc:
-            return fail(exc.to_dict(), exit_code(exc))
+            # What Sluice or the worker said, in words, rather than only inside "body".
+            payload = {**exc.to_dict(), "error": describe(exc)}
+            said = worker_said(exc.body)
+            if said:
+                payload["said"] = said
+            return fail(payload, exit_code(exc))
     print(json.dumps(result, ensure_ascii=False), file=out)
     return EXIT_OK
 

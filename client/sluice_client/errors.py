@@ -7,6 +7,7 @@ message uses that phrase, so an agent that only reads text cannot be misled into
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 Reason = Literal["rejected", "invalid", "timeout", "failed", "insufficient_time", "cancelled"]
@@ -124,3 +125,45 @@ def may_have_run_message(what: str) -> str:
     # Deliberately never says "not started": the outcome is unknown, so the caller must look
     # at the workspace before deciding to resend.
     return f"{what}.{MAY_HAVE_RUN_TAIL}"
+
+
+# Worker answers that are a definite refusal: the worker checked the call and did nothing
+# with the workspace (contract §2.5). Everything else that is not a typed Sluice rejection
+# may have run.
+WORKER_REFUSALS: dict[str, str] = {
+    "NOT_FOUND": "no such file or directory in the workspace",
+    "INVALID_PATH": "the path is outside the workspace or not allowed",
+    "INVALID_REQUEST": "the worker found the request invalid",
+    "READ_LIMIT_EXCEEDED": "the read is over the worker's size limit",
+    "WRITE_DISABLED": "the worker does not allow writes in this workspace",
+    "COMMAND_DISABLED": "the worker does not allow commands in this workspace",
+    "EDIT_CONFLICT": "the file no longer matches what the edit expected; read it again",
+    "FILE_EXISTS": "the file already exists",
+    "WRITE_LIMIT_EXCEEDED": "the write is over the worker's size limit",
+}
+
+
+def worker_said(body: bytes) -> str | None:
+    """The `error` text of a typed JSON body, or None."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return error if isinstance(error, str) and error else None
+
+
+def describe(error: WorkspaceToolError) -> str:
+    """The message a person reads (the CLI prints it): what Sluice or the worker said, and
+    "may have run" only when the outcome is unknown.
+
+    `error.message` itself stays as it is: agents read it, and it must never call an
+    unknown outcome a refusal.
+    """
+    if error.not_started or error.code not in WORKER_REFUSALS or error.truncated:
+        return error.message
+    said = worker_said(error.body) or WORKER_REFUSALS[error.code or ""]
+    return (
+        f"The worker refused the call with {error.code} (HTTP {error.status}): {said}. "
+        "It did not carry out the operation."
+    )

@@ -105,6 +105,25 @@ def test_an_outcome_that_may_have_run_exits_3(cli: Cli) -> None:
     assert cli.body()["timeoutMs"] == 1000
 
 
+def test_a_worker_refusal_says_what_the_worker_said_and_not_may_have_run(cli: Cli) -> None:
+    cli.script.then(typed(422, "NOT_FOUND"))
+    assert cli(*GLOBAL, "read_file", "--workspace", "ws", "--path", "a.txt") == 3
+    error = cli.err()
+    assert error["said"] == "NOT_FOUND from the script"
+    assert error["error"] == (
+        "The worker refused the call with NOT_FOUND (HTTP 422): NOT_FOUND from the script. "
+        "It did not carry out the operation."
+    )
+    assert "may have run" not in error["error"]
+
+
+def test_an_unknown_worker_failure_still_says_it_may_have_run(cli: Cli) -> None:
+    cli.script.then(typed(502, "WORKER_FAILED"))
+    assert cli(*GLOBAL, "read_file", "--workspace", "ws", "--path", "a.txt") == 3
+    assert "may have run" in cli.err()["error"]
+    assert cli.err()["said"] == "WORKER_FAILED from the script"
+
+
 def test_an_invalid_result_exits_3_because_the_call_ran(cli: Cli) -> None:
     cli.script.then(ok({**READ_RESULT, "path": "/etc/passwd"}))
     assert cli(*GLOBAL, "read_file", "--workspace", "ws", "--path", "a.txt") == 3

@@ -633,9 +633,10 @@ def test_a_refused_decision_has_retry_after_and_the_429_body(
     assert decision.headers(policy) == {
         "RateLimit-Limit": "10",
         "RateLimit-Remaining": "0",
-        "RateLimit-Reset": "30",
+        # Retry-After and Reset name the same moment: when this call would pass.
+        "RateLimit-Reset": "3",
         "RateLimit-Policy": '"workspace";q=10;w=30',
-        "RateLimit": '"workspace";r=0;t=30',
+        "RateLimit": '"workspace";r=0;t=3',
         "Retry-After": "3",
     }
     assert decision.body() == {

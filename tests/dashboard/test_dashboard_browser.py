@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from dashsupport import Calls, command, landed_rows, queue_entries, read, request_id, wait_until
+from django.contrib.auth.models import Permission
 from django.test import Client
 from livesupport import ROOT, git_workspace, unique
 
@@ -72,6 +73,8 @@ def test_staff_sees_a_busy_slot_while_a_command_runs_and_a_member_is_refused(
 ):
     executable = require_chromium()
     staff = django_user_model.objects.create_user(unique("staff"), password=PASSWORD, is_staff=True)
+    # The dashboard's numbers link to the completion log, which needs its view permission.
+    staff.user_permissions.add(Permission.objects.get(codename="view_completionlog"))
     member = django_user_model.objects.create_user(unique("member"), password=PASSWORD)
     member_session = Client()
     member_session.force_login(member)
@@ -129,14 +132,36 @@ def test_staff_sees_a_busy_slot_while_a_command_runs_and_a_member_is_refused(
             assert card.locator(".fill-label").inner_text().replace("\n", " ").endswith("4 / 32")
             page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"))
 
-            # History, drawn on the server: three charts, and each timeout blamed on the holder.
+            # History, drawn on the server: six charts, and each timeout blamed on the holder.
             page.goto(f"{api.url}/dashboard/?range=15m&worker={w}")
-            assert page.locator("svg.chart").count() == 3
+            assert page.locator("svg.chart").count() == 6
+            # Throughput and execution time plot this test's calls as lines, not empty frames.
+            for chart in ("#chart-throughput", "#chart-exec", "#chart-error-rate"):
+                assert (
+                    page.locator(f"{chart} svg.chart polyline, {chart} svg.chart circle").count()
+                    >= 1
+                )
+                assert page.locator(f"{chart} svg.chart .empty").count() == 0
+            by_code = page.locator("#failures-by-code tbody tr")
+            assert by_code.count() == 1
+            assert "503 WORKSPACE_QUEUE_TIMEOUT" in by_code.first.inner_text()
+            assert by_code.first.locator("a").inner_text() == "3"
+            callers = page.locator("#callers tbody tr")
+            assert callers.count() == 1 and owner.tenant in callers.first.inner_text()
             timeouts = page.locator("table.timeouts tbody tr")
             assert timeouts.count() == 3
+            # Compact rows: the holders fold away until asked for.
+            assert not timeouts.first.locator("ul.holders").is_visible()
+            timeouts.first.locator("summary").click()
             assert "same key" in timeouts.first.inner_text()
             assert holder[:12] in timeouts.first.inner_text()
             page.screenshot(path=str(ARTIFACTS / "dashboard-full.png"), full_page=True)
+
+            # Every number links to its rows: the 3 timeouts, as the completion log lists them.
+            by_code.first.locator("a").click()
+            page.wait_for_url("**/admin/admission/completionlog/**")
+            assert page.locator("#result_list tbody tr").count() == 3
+            assert page.locator("#result_list tbody").inner_text().count("timed out waiting") == 3
 
             # A member who is not staff cannot sign in through the admin login ...
             refused = browser.new_page()

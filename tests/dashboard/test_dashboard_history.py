@@ -126,9 +126,26 @@ def test_wait_percentiles_and_outcomes_per_minute(scenario):
 def test_slot_usage_splits_a_long_call_across_minutes(db):
     # One call admitted at 12:00:30 running 90 s: 30 s in the first minute, 60 s in the second.
     CompletionLog.objects.bulk_create([row(30, exec_ms=90_000)])
-    usage = dict(history.slot_usage(window()))
+    # A 2 h window is drawn in minute buckets (a 10 min one would get 10 s buckets).
+    two_hours = Window(since=T0 - timedelta(hours=1), until=T0 + timedelta(hours=1))
+    assert two_hours.step == timedelta(minutes=1)
+    usage = dict(history.slot_usage(two_hours))
     assert usage[T0] == pytest.approx(0.5)
     assert usage[T0 + timedelta(minutes=1)] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    ("span", "step"),
+    [
+        (timedelta(minutes=15), timedelta(seconds=10)),
+        (timedelta(hours=1), timedelta(seconds=30)),
+        (timedelta(hours=6), timedelta(minutes=2)),
+        (timedelta(hours=24), timedelta(minutes=10)),
+        (timedelta(days=7), timedelta(hours=1)),
+    ],
+)
+def test_the_bucket_follows_the_window(span: timedelta, step: timedelta) -> None:
+    assert Window.last(span, now=T0).step == step
 
 
 def test_parse_duration_accepts_units_and_refuses_nonsense():
@@ -183,7 +200,7 @@ def test_signed_out_visitors_are_sent_to_the_admin_login(db):
 def test_a_member_who_is_not_staff_gets_403(member):
     client = Client()
     client.force_login(member)
-    for path in ("/dashboard/", "/dashboard/live/", "/dashboard/live.json"):
+    for path in ("/dashboard/", "/dashboard/live/", "/dashboard/live.json", "/dashboard/history/"):
         assert client.get(path).status_code == 403
 
 
@@ -196,8 +213,15 @@ def test_staff_sees_history_charts_and_the_timeouts_table(staff, scenario, monke
     response = client.get("/dashboard/?range=1h")
     assert response.status_code == 200
     html = response.content.decode()
-    assert html.count("<svg") == 3
+    assert html.count("<svg") == 6
     assert "long-command-on-a" in html and "same key" in html
+    # The three timeouts, counted and linked to exactly their rows in the completion log.
+    log = "/admin/admission/completionlog/?since="
+    assert html.count(log) > 5
+    assert 'queue_timeout">3</a>' in html
+    # The history half on its own, which the page fetches to refresh itself.
+    fragment = client.get("/dashboard/history/?range=1h").content.decode()
+    assert fragment.count("<svg") == 6 and "<html" not in fragment
     assert "queue wait (ms)" in html or "queue wait (s)" in html
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing from a CDN
 

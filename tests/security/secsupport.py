@@ -70,11 +70,11 @@ def redis_dump(client: redis.Redis, prefix: str) -> str:
     # Values are read as bytes: Django's cache (django-redis) keeps pickles under the prefix
     # too. Secrets are ASCII, so a lossy decode still shows any that leaked.
     given = client.connection_pool.connection_kwargs
-    wanted = ("host", "port", "db", "username", "password", "path")
-    raw = redis.Redis(**{k: given[k] for k in wanted if k in given and k != "path"})
+    wanted = ("host", "port", "db", "username", "password")
+    raw = redis.Redis(**{k: given[k] for k in wanted if k in given})
     for name in raw.scan_iter(match=f"{prefix}*", count=1000):
-        key = name.decode("utf-8", "replace")
-        kind = raw.type(name).decode()
+        key = _text(name)
+        kind = _text(raw.type(name))
         value: Any
         if kind == "string":
             value = raw.get(name)

@@ -1,0 +1,211 @@
+"""`make run` and the operator commands beside it, as real processes in a copy of the checkout.
+
+The copy has a var/ of its own, so these runs never meet a developer's `make run` in this
+checkout. They use the machine's Postgres (a throwaway database) and Redis (a key prefix of
+their own) through DATABASE_URL / REDIS_URL, which is what `make run` does when they are set;
+the operator commands get neither and no PYTEST_VERSION, so they find the instance exactly as
+an operator's shell would: through var/run/env, or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from django.conf import settings
+from livesupport import PYTHON, ROOT, Process, free_port
+from psycopg.conninfo import make_conninfo
+
+pytestmark = pytest.mark.timeout(420)
+
+SERVER_ENV = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "ADMISSION_REDIS_URL",
+    "SLUICE_LOCAL_SECRET",
+    "SECRET_KEY",
+)
+
+
+def admin_url(dbname: str) -> str:
+    db = settings.DATABASES["default"]
+    return make_conninfo(
+        host=db["HOST"],
+        port=db["PORT"] or "5432",
+        user=db["USER"],
+        password=db["PASSWORD"],
+        dbname=dbname,
+    )
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """This checkout's tracked files (as they are on disk) in a directory of their own."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    copy = tmp_path / "checkout"
+    for name in filter(None, (f.decode() for f in files)):
+        source = ROOT / name
+        if source.is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name)
+    return copy
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    name = f"test_devrun_{uuid.uuid4().hex[:8]}"
+    conn_args = admin_url("postgres")
+    with psycopg.connect(conn_args, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield name
+    with psycopg.connect(conn_args, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def shell_env(**extra: str) -> dict[str, str]:
+    """An operator's shell: no server URLs, no test markers."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in SERVER_ENV and not k.startswith("PYTEST") and k != "DJANGO_SETTINGS_MODULE"
+    }
+    env.update(extra)
+    return env
+
+
+def make_run(checkout: Path, database: str, port: int, name: str) -> Process:
+    db = settings.DATABASES["default"]
+    env = shell_env(
+        PYTHONUNBUFFERED="1",
+        SLUICE_LOCAL_SECRET="1",
+        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{database}",
+        REDIS_URL=settings.REDIS_URL,
+        SLUICE_REDIS_PREFIX=f"test-devrun-{uuid.uuid4().hex[:8]}:",
+        # As in the test session: no ACL users on the machine's shared Redis.
+        SLUICE_WORKER_REDIS_ACL="off",
+        PORT=str(port),
+        # A policy variable; the stored row starts from it and later differs from it.
+        WORKER_QUEUE_LIMIT="16",
+    )
+    return Process([PYTHON, "-m", "scripts.dev"], env, name, cwd=checkout)
+
+
+def operator(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "manage.py", *args],
+        cwd=checkout,
+        env=shell_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def stored_queue_limits(database: str) -> tuple[int, list[tuple[str, int | None]]]:
+    with psycopg.connect(admin_url(database)) as conn:
+        row = conn.execute("SELECT worker_queue_limit FROM admission_admissionpolicy").fetchone()
+        overrides = conn.execute(
+            "SELECT t.name, o.worker_queue_limit FROM admission_policyoverride o "
+            "JOIN workspaces_tenant t ON t.id = o.tenant_id"
+        ).fetchall()
+    assert row is not None
+    return int(row[0]), [(str(n), v) for n, v in overrides]
+
+
+def demo_key(run: Process) -> str:
+    match = re.search(r"Bearer (slk_[A-Za-z0-9_\-]+)", run.output())
+    assert match, run.output()
+    return match[1]
+
+
+def stop(run: Process) -> None:
+    run.signal(signal.SIGINT)
+    assert run.proc.wait(timeout=90) == 0, run.output()
+
+
+def test_operator_commands_reach_the_running_instance_and_a_second_start_refuses(
+    checkout: Path, database: str
+) -> None:
+    port = free_port()
+    first = make_run(checkout, database, port, "make-run")
+    try:
+        first.wait_for("Sluice is running", timeout_s=180)
+        run_env = checkout / "var" / "run" / "env"
+        assert stat.S_IMODE(run_env.stat().st_mode) == 0o600
+        assert f"/{database}" in run_env.read_text()
+        # The banner names the URLs, and the API's per-call JSON lines stay out of the terminal.
+        assert f"/{database}" in first.wait_for("Database:")
+        assert "Workspace tool request completed" not in first.output()
+        api_log = (checkout / "var" / "log" / "api.log").read_text()
+        assert "Workspace tool request completed" in api_log
+
+        second = make_run(checkout, database, free_port(), "second-make-run")
+        assert second.proc.wait(timeout=60) == 1
+        assert f"already running in this checkout (pid {first.proc.pid})" in second.output()
+        # ... and it stopped none of the first run's processes.
+        assert first.alive()
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+
+        done = operator(checkout, "set_policy", "WORKER_QUEUE_LIMIT=7")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "WORKER_QUEUE_LIMIT=7"
+        done = operator(checkout, "set_policy", "--tenant", "demo", "WORKER_QUEUE_LIMIT=3")
+        assert done.returncode == 0, done.stderr
+        assert stored_queue_limits(database) == (7, [("demo", 3)])
+        key = demo_key(first)
+    finally:
+        if first.alive():
+            stop(first)
+    assert not (checkout / "var" / "run" / "env").exists()
+
+    # No instance any more, and nothing else named: one line, no guessing at a database.
+    refused = operator(checkout, "set_policy", "WORKER_QUEUE_LIMIT=9")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().count("\n") == 0
+    assert "no `make run` is running in this checkout" in refused.stderr
+    assert stored_queue_limits(database)[0] == 7
+
+    again = make_run(checkout, database, port, "make-run-again")
+    try:
+        again.wait_for("Sluice is running", timeout_s=180)
+        # The environment says 16, the stored row 7: start-up says which one applies.
+        line = again.wait_for("WORKER_QUEUE_LIMIT=16 in the environment")
+        assert "the stored policy says 7" in line
+        assert demo_key(again) == key
+        assert "reusing the demo API key" in again.output()
+    finally:
+        if again.alive():
+            stop(again)
+    with psycopg.connect(admin_url(database)) as conn:
+        keys = conn.execute("SELECT count(*) FROM workspaces_apikey").fetchone()
+    assert keys == (1,)
+
+
+def test_a_stale_instance_file_is_not_followed(checkout: Path) -> None:
+    """A run killed outright leaves var/run/env behind; its dead pid makes it void."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run_dir = checkout / "var" / "run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "env").write_text(
+        f"SLUICE_RUN_PID={dead.pid}\nDATABASE_URL=postgres://root@127.0.0.1:1/gone\n"
+        "SLUICE_LOCAL_SECRET=1\n"
+    )
+    refused = operator(checkout, "set_policy", "WORKER_QUEUE_LIMIT=9")
+    assert refused.returncode == 2
+    assert "no `make run` is running in this checkout" in refused.stderr
+    assert json.dumps(refused.stderr).count("\\n") == 1
