@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
-from livesupport import git_workspace
+from livesupport import git_workspace, wait_until
 from sluice_protocol import OPERATIONS, isolation_key
 
 from admission.models import AdmissionPolicy, CompletionLog, Quarantine
@@ -270,7 +270,18 @@ def test_a_released_quarantine_lets_calls_through_again(
     with api.client() as http:
         before = http.post("/v1/workspace-tools/execute", headers=headers, json=body)
         action(browser, "/admin/admission/quarantine/", "release_quarantines", [blocked.pk])
-        after = http.post("/v1/workspace-tools/execute", headers=headers, json=body)
+        # A release reaches every API process within the caller cache's second.
+        after = wait_until(
+            lambda: (
+                (
+                    r := http.post("/v1/workspace-tools/execute", headers=headers, json=body)
+                ).status_code
+                == 200
+                and r
+            ),
+            timeout_s=3,
+            interval_s=0.2,
+        )
     assert (before.status_code, before.json()["code"]) == (409, "WORKSPACE_QUARANTINED")
     assert after.status_code == 200, after.text
 

@@ -75,10 +75,14 @@ class Sandbox:
         # inside the workspace (a code base registered as one) is hidden last, over the
         # workspace's own bind.
         inside = [p for p in others if _within(p, workspace_root)]
+        # $HOME gets a private tmpfs of its own below: what is hidden inside it is gone too.
+        home = self.home if self.home and not _within(self.home, workspace_root) else None
         outer = [
             p
             for p in others
-            if p not in inside and not any(q != p and _within(p, q) for q in others)
+            if p not in inside
+            and not any(q != p and _within(p, q) for q in others)
+            and not (home and _within(p, home))
         ]
         args = [self.bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
         if not network:
@@ -94,8 +98,8 @@ class Sandbox:
         for path in outer:
             if path not in in_shared:
                 args += _hide(path)
-        if self.home and not _within(self.home, workspace_root):
-            args += ["--tmpfs", self.home]
+        if home:
+            args += ["--tmpfs", home]
         for path in self.shown:
             if os.path.exists(path):
                 args += ["--ro-bind", path, path]

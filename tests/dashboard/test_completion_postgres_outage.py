@@ -96,6 +96,16 @@ def test_calls_made_while_postgres_is_down_get_a_typed_503_and_their_rows_land_o
 
         pg.stop()
         stopped = time.monotonic()
+        # Who the key is stays remembered for up to a second (admission/callers.py): wait until
+        # the API has to ask Postgres again.
+        probes = iter(range(1000))
+        wait_until(
+            lambda: (
+                calls.send(read("a"), rid=request_id(f"probe{next(probes)}")).status_code == 503
+            ),
+            timeout_s=5,
+            interval_s=0.2,
+        )
         for rid in down_ids:
             r = calls.send(read("a"), rid=rid)
             # Authentication needs Postgres: a typed, retryable refusal, never an HTML 500.

@@ -15,10 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from livesupport import ROOT
 from secsupport import CANCEL, EXECUTE, body
+from sluice_protocol import OPERATIONS
 
 from admission.policy import policy_row
 
@@ -105,7 +107,8 @@ def test_admin_state_changes_need_the_csrf_token(api: Any) -> None:
         "max_lease_slots": row.max_lease_slots,
         "rate_limit": row.rate_limit,
         "rate_limit_enabled": "on",
-        "operation_weights": '{"read_file": 1}',
+        # One box per operation (the admin's weights widget).
+        **{f"operation_weights_{op}": 1 for op in sorted(OPERATIONS)},
         "_save": "Save",
     }
     with api.client() as http:
@@ -171,8 +174,11 @@ def test_every_kind_of_answer_carries_the_security_headers(api: Any, account_fac
 
 
 def test_debug_is_off_unless_asked_for_and_unknown_urls_show_no_debug_page(api: Any) -> None:
-    # A production-like environment: its own SECRET_KEY, nothing else.
-    env = bare_env() | {"SECRET_KEY": "a-production-secret-for-this-test"}
+    # A production-like environment: its own SECRET_KEY and database, nothing else.
+    env = bare_env() | {
+        "SECRET_KEY": "a-production-secret-for-this-test",
+        "DATABASE_URL": settings.DATABASE_URL,
+    }
     shown = subprocess.run(
         [
             sys.executable,

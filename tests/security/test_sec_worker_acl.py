@@ -165,7 +165,7 @@ def test_a_worker_with_only_its_credentials_file_serves_calls_and_reaches_nothin
                 EXECUTE, headers=headers, json=body("execute_command", command="echo confined")
             )
             assert ran.status_code == 200, ran.text
-            assert ran.json()["stdout"] == "confined\n"
+            assert ran.json()["stdout"] == "confined\n", ran.text
             # The command runs sandboxed: the worker's credentials file is not there for it,
             # though the worker itself reads it (the host can, as the first assertion shows).
             assert account["worker_token"] in out.read_text()
