@@ -227,6 +227,7 @@ class AsyncQueue(_Scripts):
         needs: list[str] | None = None,
         envelope: str = "",
         durable: bool = False,
+        incarnation: str = "",
         now_ms: int | None = None,
     ) -> Entered:
         """Enter a call. `needs` (offer tokens) makes every grant re-check the offer; `envelope`
@@ -251,6 +252,7 @@ class AsyncQueue(_Scripts):
                 envelope,
                 "1" if durable else "",
                 k.status_prefix,
+                incarnation,
             ],
         )
         return parse_entered(raw)

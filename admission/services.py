@@ -457,7 +457,12 @@ async def _admitted_call(
         needs=call_needs(call.request),
         envelope=envelope,
         durable=call.durable,
+        incarnation=target.incarnation_id,
     )
+    if entered.status == "refused":
+        # Perhaps only this process's view of the worker was old (the caller cache): the next
+        # lookup must ask Postgres again.
+        forget_cached_callers()
     if entered.status == "full":
         raise refusals.queue_full(call.worker_id, entered.held)
     if entered.status == "offline":

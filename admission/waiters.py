@@ -177,7 +177,9 @@ class WakeReader:
             ch.subscribed = asyncio.get_running_loop().create_future()
             subscriber = self._subscriber(ch.node)
             try:
-                await subscriber.send("SSUBSCRIBE", channel)
+                # Bounded: a subscriber that is reconnecting (or whose connection died without
+                # a word) must not hold a waiter; the waiter then looks for itself.
+                await asyncio.wait_for(subscriber.send("SSUBSCRIBE", channel), SAFETY_LOOK_S)
             except Exception:
                 # The subscriber reconnects and resubscribes every wanted channel; until then
                 # the waiter relies on its periodic look.

@@ -31,6 +31,9 @@ INSTANCE_ENV_FILE = BASE_DIR / "var" / "run" / "env"
 _instance = (
     {} if role.WORKER or os.environ.get("DATABASE_URL") else read_instance_env(INSTANCE_ENV_FILE)
 )
+# What keeps this process from starting, said in one line (manage.py prints it): both the
+# secret and the database when both are missing, so neither hides the other.
+_problems: list[str] = []
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY", "")
 if not SECRET_KEY and role.WORKER:
@@ -47,22 +50,25 @@ elif not SECRET_KEY:
         env_bool("SLUICE_LOCAL_SECRET", False) or _instance.get("SLUICE_LOCAL_SECRET") == "1"
     )
     if not (DEBUG or local_run or os.environ.get("PYTEST_VERSION")):
-        raise ImproperlyConfigured(
+        _problems.append(
             "SECRET_KEY is not set. Set it (and the same value on every API process); "
             "for a local run set SLUICE_LOCAL_SECRET=1 instead."
         )
-    SECRET_KEY = local_secret(BASE_DIR / "var" / "local-secret-key")
+    else:
+        SECRET_KEY = local_secret(BASE_DIR / "var" / "local-secret-key")
 # The test suite and the type checker (which imports settings to learn the models and opens
 # nothing) keep the machine's local default; nothing else may guess a database.
 _LOCAL_DEFAULTS_OK = bool(os.environ.get("PYTEST_VERSION")) or "mypy" in sys.modules
 DATABASE_URL = env_str("DATABASE_URL", _instance.get("DATABASE_URL", ""))
 if not DATABASE_URL and not role.WORKER:
     if not _LOCAL_DEFAULTS_OK:
-        raise ImproperlyConfigured(
+        _problems.append(
             "DATABASE_URL is not set and no `make run` is running in this checkout "
             f"({INSTANCE_ENV_FILE.relative_to(BASE_DIR)}); start `make run` or set DATABASE_URL"
         )
     DATABASE_URL = "postgres://root@127.0.0.1:5432/test"
+if _problems:
+    raise ImproperlyConfigured(" ".join(p.rstrip(".") + "." for p in reversed(_problems)))
 
 ALLOWED_HOSTS = [
     h.strip() for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",") if h.strip()

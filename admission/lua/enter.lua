@@ -10,7 +10,10 @@
 -- ARGV: 1 now_ms or '' , 2 entry id, 3 key base, 4 key lane ('' = checkout), 5 queue budget ms,
 --       6 exec budget ms, 7 queue limit, 8 slot ceiling, 9 wake key prefix, 10 operation,
 --       11 stats ttl ms, 12 workspace id, 13 needed offer tokens (SEP-joined, '' = unchecked),
---       14 envelope ('' = none), 15 '1' for a durable call, 16 status key prefix
+--       14 envelope ('' = none), 15 '1' for a durable call, 16 status key prefix,
+--       17 the incarnation the envelope was signed for ('' = the registered one): a call whose
+--       caller saw an older incarnation enters under that one, so the grant refuses it
+--       (WORKER_OFFLINE, not started) instead of dispatching what the worker would drop
 -- Returns: {'offline'} | {'full', held} | {'refused', code} |
 --          {'granted', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched} |
 --          {'waiting', ticket, incarnation, now_ms, queue_deadline_ms}
@@ -29,9 +32,10 @@ if #entries >= tonumber(ARGV[7]) then
   return {'full', #entries}
 end
 local seq = redis.call('HINCRBY', kreg, 'seq', 1)
+local signed_for = (ARGV[17] ~= nil and ARGV[17] ~= '') and ARGV[17] or inc
 local e = {
   id = ARGV[2], seq = seq, base = ARGV[3], lane = ARGV[4], st = 'w',
-  dl = now + tonumber(ARGV[5]), xb = tonumber(ARGV[6]), inc = inc, op = ARGV[10], t0 = now,
+  dl = now + tonumber(ARGV[5]), xb = tonumber(ARGV[6]), inc = signed_for, op = ARGV[10], t0 = now,
   ws = ARGV[12],
 }
 if ARGV[13] ~= '' then
