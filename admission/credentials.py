@@ -68,8 +68,6 @@ WORKER_COMMANDS = (
     "+hmget",
     "+hincrby",
     "+pexpire",
-    # push_wake announces each push on the worker's own wake channel (admission/waiters.py)
-    "+spublish",
     # Only scripts the server loaded: no EVAL, no SCRIPT (LOAD, FLUSH, KILL).
     "+evalsha",
 )
@@ -144,8 +142,13 @@ def worker_acl_rules(
     prefix: str,
     celery_prefix: str,
     cluster: bool = False,
+    sharded_pubsub: bool = True,
 ) -> list[str]:
-    """Arguments of `ACL SETUSER <user> ...` confining one worker to its own keys."""
+    """Arguments of `ACL SETUSER <user> ...` confining one worker to its own keys.
+
+    push_wake announces each push on the worker's own wake channel (admission/waiters.py):
+    SPUBLISH on Redis 7, PUBLISH on Redis 6.2 (`sharded_pubsub` False), which has no sharded
+    pub/sub and refuses a rule naming a command it does not know."""
     return [
         "reset",
         "on",
@@ -153,11 +156,21 @@ def worker_acl_rules(
         "resetchannels",
         "-@all",
         *WORKER_COMMANDS,
+        "+spublish" if sharded_pubsub else "+publish",
         *(CLUSTER_COMMANDS if cluster else ()),
         *worker_key_patterns(prefix, celery_prefix, worker_id),
         # Its own wake channel only: the same tag as its keys (admission/queue.py).
         f"&{_glob_escape(worker_keys(prefix, worker_id).wake_prefix)}",
     ]
+
+
+def has_sharded_pubsub(client: redis.Redis) -> bool:
+    """Redis 7 and later: SPUBLISH / SSUBSCRIBE exist."""
+    try:
+        version = str(client.info("server").get("redis_version", "7"))
+        return int(version.split(".")[0]) >= 7
+    except (redis.RedisError, ValueError):
+        return True
 
 
 def _celery_prefix() -> str:
@@ -220,21 +233,18 @@ def _where(url: str) -> str:
 
 def _set_user(worker_id: str, password_sha256: str | None) -> None:
     """On every node: the worker's ACL user (unless None) and the scripts it calls."""
-    rules = (
-        worker_acl_rules(
-            worker_id=worker_id,
-            password_sha256=password_sha256,
-            prefix=settings.REDIS_KEY_PREFIX,
-            celery_prefix=_celery_prefix(),
-            cluster=cluster_enabled(),
-        )
-        if password_sha256
-        else None
-    )
     user = acl_user_name(worker_id)
     for url, client in _admin_nodes():
         with client:
-            if rules is not None:
+            if password_sha256:
+                rules = worker_acl_rules(
+                    worker_id=worker_id,
+                    password_sha256=password_sha256,
+                    prefix=settings.REDIS_KEY_PREFIX,
+                    celery_prefix=_celery_prefix(),
+                    cluster=cluster_enabled(),
+                    sharded_pubsub=has_sharded_pubsub(client),
+                )
                 _acl_setuser(client, url, worker_id, user, rules)
             for name, with_common in WORKER_SCRIPTS:
                 client.script_load(lua_source(name, with_common))

@@ -62,6 +62,7 @@ class _Subscriber:
         self.pubsub: Any = None
         self.task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
+        self.sharded = True
 
     def start(self) -> None:
         if self.task is None or self.task.done():
@@ -70,19 +71,32 @@ class _Subscriber:
     async def send(self, command: str, channel: str) -> None:
         await self.ready.wait()
         if command == "SSUBSCRIBE":
-            await self.pubsub.ssubscribe(channel)
+            await (self.pubsub.ssubscribe if self.sharded else self.pubsub.subscribe)(channel)
         else:
-            await self.pubsub.sunsubscribe(channel)
+            await (self.pubsub.sunsubscribe if self.sharded else self.pubsub.unsubscribe)(channel)
+
+    async def _sharded(self) -> bool:
+        """Redis 7 has sharded pub/sub; on 6.2 (make run's embedded Redis) the scripts PUBLISH
+        and this reader SUBSCRIBEs instead (one Redis, so nothing is lost by it)."""
+        try:
+            info = await self.client.info("server")
+            return int(str(info.get("redis_version", "7")).split(".")[0]) >= 7
+        except Exception:
+            return True
 
     async def _run(self) -> None:
         attempt = 0
         while True:
             try:
+                self.sharded = await self._sharded()
                 self.pubsub = self.client.pubsub()
                 # The connection is opened by the first command; subscribe to what is wanted
                 # now (a reconnect resubscribes everything of this node).
-                wanted = self.reader.channels_of(self.node)
-                await self.pubsub.ssubscribe(*(wanted or [self.reader.idle_channel]))
+                wanted = self.reader.channels_of(self.node) or [self.reader.idle_channel]
+                if self.sharded:
+                    await self.pubsub.ssubscribe(*wanted)
+                else:
+                    await self.pubsub.subscribe(*wanted)
                 self.ready.set()
                 attempt = 0
                 while True:
@@ -208,6 +222,12 @@ class WakeReader:
         ch = self.channels.get(str(channel))
         if ch is None:
             return
+        # Plain pub/sub (Redis 6.2) names the same events without the s.
+        kind = {
+            "subscribe": "ssubscribe",
+            "message": "smessage",
+            "unsubscribe": "sunsubscribe",
+        }.get(str(kind), kind)
         if kind == "ssubscribe":
             if ch.subscribed is not None and not ch.subscribed.done():
                 ch.subscribed.set_result(None)

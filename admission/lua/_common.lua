@@ -109,12 +109,16 @@ end
 
 -- The list keeps the message; the announcement on the worker's shard channel (the wake
 -- prefix itself: same hash tag, so same slot as every key here) wakes the API process that
--- waits for it (admission/waiters.py). Needs Redis 7 (sharded pub/sub).
+-- waits for it (admission/waiters.py): sharded pub/sub on Redis 7, plain pub/sub on 6.2.
 local function push_wake(wake_prefix, id, message, ttl_ms)
   local key = wake_prefix .. id
   redis.call('RPUSH', key, message)
   redis.call('PEXPIRE', key, ttl_ms)
-  redis.call('SPUBLISH', wake_prefix, id)
+  -- Redis 6.2 has no sharded pub/sub (the reader then uses plain SUBSCRIBE): PUBLISH there.
+  local sent = redis.pcall('SPUBLISH', wake_prefix, id)
+  if type(sent) == 'table' and sent.err then
+    redis.call('PUBLISH', wake_prefix, id)
+  end
 end
 
 -- Whether the registration still takes this call: the incarnation it entered under, and the
