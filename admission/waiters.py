@@ -199,9 +199,13 @@ class WakeReader:
                 # the waiter relies on its periodic look.
                 ch.subscribed = None
                 return
-        # Never wait past a look interval for a confirmation that a lost connection ate.
+        # Never wait past a look interval for a confirmation that a lost connection ate (a
+        # reconnect may also have reset it meanwhile: then the waiter looks for itself).
+        confirmed = ch.subscribed
+        if confirmed is None:
+            return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(ch.subscribed), SAFETY_LOOK_S)
+            await asyncio.wait_for(asyncio.shield(confirmed), SAFETY_LOOK_S)
 
     def _drop(self, channel: str) -> None:
         ch = self.channels.get(channel)
