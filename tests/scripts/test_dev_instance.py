@@ -25,7 +25,7 @@ import httpx
 import psycopg
 import pytest
 from django.conf import settings
-from livesupport import PYTHON, ROOT, Process, free_port
+from livesupport import PYTHON, ROOT, Process, free_port, wait_until
 from psycopg.conninfo import make_conninfo
 
 pytestmark = pytest.mark.timeout(420)
@@ -150,8 +150,10 @@ def test_operator_commands_reach_the_running_instance_and_a_second_start_refuses
         # The banner names the URLs, and the API's per-call JSON lines stay out of the terminal.
         assert f"/{database}" in first.wait_for("Database:")
         assert "Workspace tool request completed" not in first.output()
-        api_log = (checkout / "var" / "log" / "api.log").read_text()
-        assert "Workspace tool request completed" in api_log
+        # The demo call's row line is logged once its response is closed, a moment after the
+        # answer that lets the banner print: wait for it in the API's log file.
+        api_log = checkout / "var" / "log" / "api.log"
+        wait_until(lambda: "Workspace tool request completed" in api_log.read_text(), timeout_s=15)
 
         second = make_run(checkout, database, free_port(), "second-make-run")
         assert second.proc.wait(timeout=60) == 1
