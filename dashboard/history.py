@@ -48,18 +48,23 @@ class WaitPoint:
     calls: int
 
 
-def wait_percentiles(window: Window) -> list[WaitPoint]:
-    """Queue-wait p50/p95/p99 per bucket over calls that entered a queue (timeouts included)."""
+def _percentiles(window: Window, column: str, rows_with: str) -> list[WaitPoint]:
+    """p50/p95/p99 of `column` per bucket, over the rows where `rows_with` holds."""
     sql = f"""
         SELECT date_bin(%(step)s, created_at, {ORIGIN}) AS t,
-               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY queue_wait_ms),
+               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY {column}),
                count(*)
         FROM {TABLE}
         WHERE created_at >= %(since)s AND created_at < %(until)s {window.worker_sql}
-          AND fencing_ticket IS NOT NULL
+          AND {rows_with}
         GROUP BY 1 ORDER BY 1
     """
     return [WaitPoint(t, p[0], p[1], p[2], n) for t, p, n in fetch_rows(sql, window.params())]
+
+
+def wait_percentiles(window: Window) -> list[WaitPoint]:
+    """Queue-wait p50/p95/p99 per bucket over calls that entered a queue (timeouts included)."""
+    return _percentiles(window, "queue_wait_ms", "fencing_ticket IS NOT NULL")
 
 
 def outcomes(window: Window) -> dict[datetime, dict[str, int]]:
@@ -162,16 +167,7 @@ def top_contended(
 
 def exec_percentiles(window: Window) -> list[WaitPoint]:
     """Execution-time p50/p95/p99 per bucket over calls that reached a worker and ran."""
-    sql = f"""
-        SELECT date_bin(%(step)s, created_at, {ORIGIN}) AS t,
-               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY exec_ms),
-               count(*)
-        FROM {TABLE}
-        WHERE created_at >= %(since)s AND created_at < %(until)s {window.worker_sql}
-          AND exec_ms IS NOT NULL
-        GROUP BY 1 ORDER BY 1
-    """
-    return [WaitPoint(t, p[0], p[1], p[2], n) for t, p, n in fetch_rows(sql, window.params())]
+    return _percentiles(window, "exec_ms", "exec_ms IS NOT NULL")
 
 
 @dataclass(frozen=True)
