@@ -3,15 +3,13 @@ Celery queue list themselves (real Redis, fixed clocks, no API process in the lo
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
-from django.conf import settings
+from queuekit import run
 
 from admission.queue import AsyncQueue, SyncQueue, offer_tokens, worker_keys
 from workspaces.dispatch import broker_queue_key, worker_queue_name
@@ -26,17 +24,6 @@ OFFER = {
         instruction_files=[],
     )
 }
-
-
-def run(coro_fn: Callable[[AsyncQueue], Awaitable[Any]], prefix: str) -> Any:
-    async def main() -> Any:
-        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
-        try:
-            return await coro_fn(AsyncQueue(client, prefix))
-        finally:
-            await client.aclose()
-
-    return asyncio.run(main())
 
 
 @pytest.fixture

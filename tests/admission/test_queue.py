@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
-from django.conf import settings
+from queuekit import run
 
 from admission.queue import AsyncQueue, SyncQueue, worker_keys
 
 W = "w1"
 T0 = 1_000_000
-
-
-def run(coro_fn: Callable[[AsyncQueue], Awaitable[Any]], prefix: str) -> Any:
-    async def main() -> Any:
-        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
-        try:
-            return await coro_fn(AsyncQueue(client, prefix))
-        finally:
-            await client.aclose()
-
-    return asyncio.run(main())
 
 
 @pytest.fixture
