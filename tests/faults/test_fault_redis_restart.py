@@ -209,11 +209,20 @@ def test_redis_restarted_empty_under_load_gives_typed_503s_then_recovers_with_no
         client.close()
 
     # Every call left exactly one completion row: rows of calls made while Redis was down went
-    # straight to Postgres, the rest through the stream.
+    # straight to Postgres, the rest through the stream. The one documented loss
+    # (docs/deploy.md): a row appended to the stream in the moment before Redis died, before a
+    # drainer read it, dies with a Redis that keeps nothing on disk. Only calls answered in
+    # the last second before the kill may be missing; any other missing row is a bug.
     rows = completion_rows([a.request_id for a in answers])
-    missing = [a.request_id for a in answers if rows.get(a.request_id, 0) == 0]
     doubled = [rid for rid, n in rows.items() if n > 1]
-    assert not missing and not doubled, (len(missing), doubled[:5])
+    missing = [a for a in answers if rows.get(a.request_id, 0) == 0]
+    unexplained = [
+        (a.request_id, round(a.sent + a.took - killed, 3), a.status, a.code)
+        for a in missing
+        if not killed - 1.0 <= a.sent + a.took <= killed + 0.1
+    ]
+    assert not unexplained and not doubled, (unexplained[:5], doubled[:5])
+    assert len(missing) <= load.threads, len(missing)
 
 
 def test_a_worker_registers_again_by_itself_after_redis_comes_back_empty(
