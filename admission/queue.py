@@ -508,6 +508,32 @@ class SyncQueue(_Scripts):
         payload: dict[str, Any],
         now_ms: int | None = None,
     ) -> bool:
+        accepted, _ = self.settle_taking_next(
+            worker_id=worker_id,
+            entry_id=entry_id,
+            incarnation=incarnation,
+            ticket=ticket,
+            payload=payload,
+            now_ms=now_ms,
+            take_next=False,
+        )
+        return accepted
+
+    def settle_taking_next(
+        self,
+        *,
+        worker_id: str,
+        entry_id: str,
+        incarnation: str,
+        ticket: int,
+        payload: dict[str, Any],
+        now_ms: int | None = None,
+        take_next: bool = True,
+    ) -> tuple[bool, str | None]:
+        """Settle, and (take_next) receive the Celery message of the first call this
+        settlement granted instead of it being pushed onto the worker's queue: the settling
+        worker thread runs it next, so a same-worker handoff costs no broker hop. Returns
+        (accepted, message or None)."""
         k = self.keys(worker_id)
         raw = self.scripts["settle"](
             keys=[k.reg, k.queue, k.entries, k.stats, *self.dispatch_keys(worker_id)],
@@ -520,9 +546,12 @@ class SyncQueue(_Scripts):
                 k.wake_prefix,
                 STATS_TTL_MS,
                 k.status_prefix,
+                "1" if take_next else "0",
             ],
         )
-        return _s(raw[0]) == "accepted"
+        accepted = _s(raw[0]) == "accepted"
+        taken = _s(raw[1]) if accepted and len(raw) > 1 else ""
+        return accepted, taken or None
 
     def grant_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         """The grant facts of a running entry (ticket, slot, incarnation, exec deadline), which

@@ -28,7 +28,9 @@ local SEP = '\31'
 -- Per-script dispatch context: reg key, env HASH, broker list key (nil: the API pushes the
 -- envelope itself, e.g. when admission runs on a Redis Cluster the broker is not part of),
 -- status key prefix.
-local D = {reg = nil, q = nil, env = nil, broker = nil, ds = ''}
+-- take: the script's caller (a worker thread that just settled) runs the first granted
+-- envelope itself instead of it going through the Celery queue (D.taken, returned to it).
+local D = {reg = nil, q = nil, env = nil, broker = nil, ds = '', take = false, taken = nil}
 
 local function setup(kreg, kq, kenv, kbroker, ds_prefix)
   D.reg, D.q, D.env, D.broker, D.ds = kreg, kq, kenv, kbroker, ds_prefix or ''
@@ -149,7 +151,9 @@ end
 -- slot index and gets a fresh exec deadline (admission time + its exec budget). A waiting
 -- entry the registration no longer takes is refused (removed, told, status failed) on the
 -- way. A granted entry's envelope is pushed to the worker's Celery queue (dp = 1) when this
--- script can reach it; otherwise its waiter must push it and claim the grant (wk = 1).
+-- script can reach it, or, for the first one when D.take is set, handed to the caller in
+-- D.taken (the settling worker thread runs it next: a same-worker handoff skips the broker
+-- hop); otherwise its waiter must push it and claim the grant (wk = 1).
 -- Granted entries are saved and woken (but skip_id, whose caller is told directly).
 local function grant(entries, now, slots, ke, wake_prefix, skip_id)
   local used, running, blocked, granted = {}, {}, {}, {}
@@ -204,7 +208,11 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
   for _, e in ipairs(granted) do
     local envelope = D.env and D.broker and redis.call('HGET', D.env, e.id) or nil
     if envelope then
-      redis.call('LPUSH', D.broker, envelope)
+      if D.take and D.taken == nil then
+        D.taken = envelope
+      else
+        redis.call('LPUSH', D.broker, envelope)
+      end
       redis.call('HDEL', D.env, e.id)
       e.dp = 1
     elseif e.id ~= skip_id then

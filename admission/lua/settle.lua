@@ -6,11 +6,15 @@
 -- A late, duplicate or stale settlement is discarded and counted.
 -- KEYS: 1 reg, 2 queue, 3 entries, 4 stats, 5 env, 6 Celery queue list (optional)
 -- ARGV: 1 now_ms or '', 2 entry id, 3 incarnation, 4 ticket, 5 result payload, 6 wake key prefix,
---       7 stats ttl ms, 8 status key prefix
--- Returns: {'accepted'} | {'discarded'}
+--       7 stats ttl ms, 8 status key prefix, 9 '1' when the settling worker thread takes the
+--       next granted call itself (optional)
+-- Returns: {'accepted', envelope or ''} | {'discarded'}
+-- The handed envelope is the Celery message the grant would have pushed onto the worker's
+-- queue: taken here, it is dispatched exactly as if the worker had popped it.
 -- Clock: ARGV[1] when given (tests), else Redis TIME (never the worker's own clock).
 local kreg, kq, ke, kstats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 setup(kreg, kq, KEYS[5], KEYS[6], ARGV[8])
+D.take = ARGV[9] == '1'
 local now = clock_ms(ARGV[1])
 local raw = redis.call('HGET', ke, ARGV[2])
 local x = raw and cjson.decode(raw) or nil
@@ -25,4 +29,4 @@ set_status(x, 'settled', {payload = ARGV[5], te = now}, now)
 local entries = load_entries(kq, ke, now, ARGV[6])
 grant(entries, now, slot_count(kreg, ''), ke, ARGV[6], '')
 refresh_ttl(kq, ke, entries, now)
-return {'accepted'}
+return {'accepted', D.taken or ''}
