@@ -450,7 +450,9 @@ async def _admitted_call(
         worker_id=call.worker_id,
         entry_id=call.entry_id,
         key=isolation_key(call.request),
-        queue_budget_ms=queue_ms,
+        # What is left of the allowance, which counts from the request's start: time spent
+        # before entering (a loaded process) must not let Redis grant the call later.
+        queue_budget_ms=max(1, int((queue_deadline - time.monotonic()) * 1000)),
         exec_budget_ms=exec_ms,
         queue_limit=policy.worker_queue_limit,
         slot_ceiling=policy.max_lease_slots,
