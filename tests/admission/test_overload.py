@@ -13,8 +13,10 @@ import httpx
 import redis
 from callhelpers import Caller, command, read
 from django.conf import settings
+from django.utils import timezone
 from livesupport import git_workspace, wait_until
 
+from admission.models import CompletionLog
 from admission.queue import SyncQueue, worker_keys
 from admission.revocation import api_keys_revoke
 from workspaces.models import ApiKey
@@ -62,6 +64,10 @@ def test_a_burst_of_ten_times_the_queue_is_refused_fast_and_spares_the_neighbour
         held_slot = runner.submit(command("repo", "sleep 6", timeout_ms=20_000))
         wait_until(lambda: _held(sync, owner.worker_id) == 1)
 
+        regs = [worker_keys(settings.REDIS_KEY_PREFIX, a.worker_id).reg for a in (owner, other)]
+        missing: list[str] = []
+        burst_started = timezone.now()
+
         async def scenario() -> tuple[list[tuple[int, float]], list[float], list[float], int]:
             limits = httpx.Limits(max_connections=BURST + 20, max_keepalive_connections=BURST + 20)
             async with (
@@ -78,6 +84,7 @@ def test_a_burst_of_ten_times_the_queue_is_refused_fast_and_spares_the_neighbour
                     nonlocal peak
                     while not done.is_set():
                         peak = max(peak, _api_connections(sync, pid))
+                        missing.extend(reg for reg in regs if not sync.exists(reg))
                         done.wait(0.05)
 
                 sampler = threading.Thread(target=sample, daemon=True)
@@ -122,10 +129,20 @@ def test_a_burst_of_ten_times_the_queue_is_refused_fast_and_spares_the_neighbour
         assert _p99(during) < 15.0, (during, baseline)
         # Waiting calls hold no connection: the command pool (64) and the wake-up reader.
         assert peak <= 64 + 2, peak
-        # Both workers kept their registration (heartbeats do not go through the API).
-        for account in (owner, other):
-            assert sync.exists(worker_keys(settings.REDIS_KEY_PREFIX, account.worker_id).reg)
+        # Both workers kept their registration throughout, at every 50 ms sample (heartbeats
+        # do not go through the API).
+        assert missing == []
+        for reg in regs:
+            assert sync.exists(reg)
         assert held_slot.result().status_code == 200
+        # No admitted call waited past its allowance + 1 s, by the API's own clock from the
+        # request's start (the completion rows, once the drainer has written all of them).
+        rows = CompletionLog.objects.filter(
+            worker_id=owner.worker_id, operation="read_file", created_at__gte=burst_started
+        )
+        wait_until(lambda: rows.count() == BURST, timeout_s=60)
+        late = rows.filter(admission_outcome="admitted", queue_wait_ms__gt=3000 + 1000)
+        assert list(late.values_list("queue_wait_ms", flat=True)) == []
     finally:
         runner.close()
         sync.close()
