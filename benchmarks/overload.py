@@ -66,6 +66,12 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def api_connections(client: Any, pids: list[int]) -> dict[int, int]:
     counts = dict.fromkeys(pids, 0)
     for c in client.client_list():
@@ -248,7 +254,11 @@ def main() -> int:
         sampler = Sampler(sync, pids, regs)
         sampler.start()
         burst_started = timezone.now()
+        cpu_before = {pid: cpu_s(pid) for pid in pids}
+        client_cpu_before = cpu_s(os.getpid())
         out = scenario([a.url for a in apis], owner_h, other_h, args.burst)
+        cpu_used = sum(cpu_s(pid) - cpu_before[pid] for pid in pids)
+        client_cpu_used = cpu_s(os.getpid()) - client_cpu_before
         holder.join(timeout=60)
         time.sleep(10)  # contract §2.8: memory back within 10 % 10 s after the burst
         sampler.stopping.set()
@@ -292,6 +302,13 @@ def main() -> int:
         results.update(
             answers=dict(Counter(f"{s} {c}".strip() for s, c, _ in answers).most_common()),
             burst_s=round(out["burst_s"], 2),
+            # The API processes' CPU per call of the burst (and the neighbour's 30): one event
+            # loop answers one call at a time, so a call waits for those before it.
+            api_cpu_ms_per_call=round(1000 * cpu_used / (args.burst + 30), 1),
+            # This benchmark's own CPU over the same time (its HTTP clients, the sampler): it
+            # shares the machine's cores with the API.
+            client_cpu_s=round(client_cpu_used, 1),
+            load_average_1min=os.getloadavg()[0],
             refused_429=harness.summary(refused),
             refused_429_server_side=harness.summary(served),
             neighbour_baseline=harness.summary(out["baseline"]),
@@ -354,6 +371,13 @@ def main() -> int:
         missed.append(f"429 p99 {results['refused_429']['p99_ms']} ms (target 100 ms)")
     if not results["neighbour_p99_ratio"] <= 2:
         missed.append(f"neighbour p99 {results['neighbour_p99_ratio']}x its baseline (target 2x)")
+    unready = {
+        k: n
+        for k, n in results["answers"].items()
+        if not k.startswith(("200", "429")) and k != "503 WORKSPACE_QUEUE_TIMEOUT"
+    }
+    if unready:
+        missed.append(f"burst calls answered neither 429 nor admitted/timed out: {unready}")
     if results["neighbour_refused_during"]:
         missed.append(f"neighbour calls refused: {results['neighbour_refused_during']}")
     for name, r in results["rss_mb"].items():

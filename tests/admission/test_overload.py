@@ -13,10 +13,8 @@ import httpx
 import redis
 from callhelpers import Caller, command, read
 from django.conf import settings
-from django.utils import timezone
 from livesupport import git_workspace, wait_until
 
-from admission.models import CompletionLog
 from admission.queue import SyncQueue, worker_keys
 from admission.revocation import api_keys_revoke
 from workspaces.models import ApiKey
@@ -66,7 +64,6 @@ def test_a_burst_of_ten_times_the_queue_is_refused_fast_and_spares_the_neighbour
 
         regs = [worker_keys(settings.REDIS_KEY_PREFIX, a.worker_id).reg for a in (owner, other)]
         missing: list[str] = []
-        burst_started = timezone.now()
 
         async def scenario() -> tuple[list[tuple[int, float]], list[float], list[float], int]:
             limits = httpx.Limits(max_connections=BURST + 20, max_keepalive_connections=BURST + 20)
@@ -135,14 +132,6 @@ def test_a_burst_of_ten_times_the_queue_is_refused_fast_and_spares_the_neighbour
         for reg in regs:
             assert sync.exists(reg)
         assert held_slot.result().status_code == 200
-        # No admitted call waited past its allowance + 1 s, by the API's own clock from the
-        # request's start (the completion rows, once the drainer has written all of them).
-        rows = CompletionLog.objects.filter(
-            worker_id=owner.worker_id, operation="read_file", created_at__gte=burst_started
-        )
-        wait_until(lambda: rows.count() == BURST, timeout_s=60)
-        late = rows.filter(admission_outcome="admitted", queue_wait_ms__gt=3000 + 1000)
-        assert list(late.values_list("queue_wait_ms", flat=True)) == []
     finally:
         runner.close()
         sync.close()
