@@ -446,17 +446,11 @@ async def _admitted_call(
             request=json.dumps(call.request),
             ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
         )
-    # What is left of the allowance, which counts from the request's start: time spent before
-    # entering (a process loaded by a burst) must not let Redis grant the call any later, and
-    # a call whose allowance is spent already does not enter at all (not started).
-    left_ms = int((queue_deadline - time.monotonic()) * 1000)
-    if left_ms <= 0:
-        raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
     entered = await queue.enter(
         worker_id=call.worker_id,
         entry_id=call.entry_id,
         key=isolation_key(call.request),
-        queue_budget_ms=left_ms,
+        queue_budget_ms=queue_ms,
         exec_budget_ms=exec_ms,
         queue_limit=policy.worker_queue_limit,
         slot_ceiling=policy.max_lease_slots,
