@@ -15,6 +15,7 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:{w:ID}:wake:        shard channel: "<entry>" announced with each push (admission/waiters.py)
     P adm:{w:ID}:inst:<key>   STRING  the principal a conversation instance is bound to   (TTL 24 h)
     P adm:rid:{p:<principal>}:<request id>   STRING  "<worker id> <entry id>" or "done"
+    P adm:revoked:<key id>    STRING  an API key revoked lately: grants refuse its waiting calls
     P celery:sluice.worker.ID LIST  the worker's Celery queue (kombu's key; see below)
 
 The grant is the dispatch: the scripts that grant (enter, leave, release, settle, and the
@@ -46,6 +47,10 @@ REQUEST_ID_DONE_TTL_MS = 10 * 60 * 1000
 INSTANCE_TTL_MS = 24 * 3600 * 1000
 # The placeholder registration of a revoke lives this long at most (it is deleted at once).
 REVOKE_TTL_MS = 60_000
+# A revoked key's marker outlives any call of it that could still be waiting: the longest
+# admission wait (the queue ceiling is at most 300 s), plus a minute for calls that entered
+# from a process whose caller cache (1 s) had not yet seen the revocation.
+REVOKED_KEY_TTL_MS = 360_000
 # Separates the offer tokens a call needs / a workspace offers (never in a token itself).
 OFFER_SEP = "\x1f"
 ADMISSION_SCRIPTS = ("enter", "leave", "release", "settle", "register", "heartbeat", "deregister")
@@ -109,6 +114,12 @@ def offer_tokens(
     tokens += [f"ef:{f}" for f in sorted(edit_features)]
     tokens += [f"if:{p}" for p in sorted(instruction_files)]
     return OFFER_SEP + OFFER_SEP.join(tokens) + OFFER_SEP
+
+
+def revoked_key_prefix(prefix: str) -> str:
+    """Where the revocation marks API keys for the grant scripts (no hash tag: only a plain
+    Redis, where the scripts dispatch, reads it; see `_Scripts.revoked_prefix`)."""
+    return f"{prefix}adm:revoked:"
 
 
 def request_id_key(prefix: str, scope: str, request_id: str) -> str:
@@ -188,6 +199,9 @@ class _Scripts:
             name: register(client, name, with_common=True) for name in ADMISSION_SCRIPTS
         }
         self.dispatching = dispatch_in_redis()
+        # Where the scripts dispatch they check revocations themselves; where they cannot
+        # (a cluster: the marker is in another slot), the waiter re-checks in Postgres.
+        self.revoked_prefix = revoked_key_prefix(prefix) if self.dispatching else ""
 
     def keys(self, worker_id: str) -> WorkerKeys:
         return worker_keys(self.prefix, worker_id)
@@ -228,10 +242,12 @@ class AsyncQueue(_Scripts):
         envelope: str = "",
         durable: bool = False,
         incarnation: str = "",
+        key_id: int | None = None,
         now_ms: int | None = None,
     ) -> Entered:
         """Enter a call. `needs` (offer tokens) makes every grant re-check the offer; `envelope`
-        is the call's Celery message, pushed to the worker by whichever script grants it."""
+        is the call's Celery message, pushed to the worker by whichever script grants it;
+        `key_id` (the caller's API key) makes every grant check the key was not revoked."""
         k = self.keys(worker_id)
         raw = await self.scripts["enter"](
             keys=[k.reg, k.queue, k.entries, k.stats, *self.dispatch_keys(worker_id)],
@@ -253,6 +269,8 @@ class AsyncQueue(_Scripts):
                 "1" if durable else "",
                 k.status_prefix,
                 incarnation,
+                "" if key_id is None else str(key_id),
+                self.revoked_prefix,
             ],
         )
         return parse_entered(raw)
@@ -307,6 +325,7 @@ class AsyncQueue(_Scripts):
                 json.dumps(message) if message else "",
                 k.status_prefix,
                 code,
+                self.revoked_prefix,
             ],
         )
         return parse_left(raw)
@@ -323,7 +342,15 @@ class AsyncQueue(_Scripts):
         k = self.keys(worker_id)
         raw = await self.scripts["release"](
             keys=[k.reg, k.queue, k.entries, *self.dispatch_keys(worker_id)],
-            args=[_now(now_ms), entry_id, ticket, slot_ceiling, k.wake_prefix, k.status_prefix],
+            args=[
+                _now(now_ms),
+                entry_id,
+                ticket,
+                slot_ceiling,
+                k.wake_prefix,
+                k.status_prefix,
+                self.revoked_prefix,
+            ],
         )
         return _s(raw[0]) == "released"
 
@@ -498,6 +525,22 @@ class SyncQueue(_Scripts):
             waiting + running + max(self.deregister(worker_id=worker_id, incarnation=tombstone), 0)
         )
 
+    def mark_keys_revoked(self, *, key_ids: list[int], ttl_ms: int = REVOKED_KEY_TTL_MS) -> None:
+        """Tell every grant script that these API keys are revoked: from now on their waiting
+        calls are refused (401, not started) instead of dispatched, and calls entering from
+        a process that still remembers the key are refused at their first grant."""
+        if not key_ids:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for key_id in key_ids:
+            pipe.set(revoked_key_prefix(self.prefix) + str(key_id), "1", px=ttl_ms)
+        pipe.execute()
+
+    def unmark_keys_revoked(self, *, key_ids: list[int]) -> None:
+        """Undo `mark_keys_revoked` for keys that are good again (a principal enabled again)."""
+        if key_ids:
+            self.client.delete(*(revoked_key_prefix(self.prefix) + str(k) for k in key_ids))
+
     def settle(
         self,
         *,
@@ -546,6 +589,7 @@ class SyncQueue(_Scripts):
                 k.wake_prefix,
                 STATS_TTL_MS,
                 k.status_prefix,
+                self.revoked_prefix,
                 "1" if take_next else "0",
             ],
         )

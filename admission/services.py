@@ -194,6 +194,8 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
         )
     if kind == "mismatch":
         raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
+    if kind == "revoked":
+        raise refusals.key_revoked()
     if kind == "cancelled":
         call.draft.outcome = "cancelled"
         raise refusals.request_cancelled()
@@ -458,6 +460,7 @@ async def _admitted_call(
         envelope=envelope,
         durable=call.durable,
         incarnation=target.incarnation_id,
+        key_id=call.caller.key_id,
     )
     if entered.status == "refused":
         # Perhaps only this process's view of the worker was old (the caller cache): the next
@@ -470,6 +473,9 @@ async def _admitted_call(
     if entered.status == "refused":
         if entered.code == "WORKER_MISMATCH":
             raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
+        if entered.code == "UNAUTHENTICATED":
+            # Revoked a moment ago; this process's caller cache had not seen it yet.
+            raise refusals.key_revoked()
         raise refusals.worker_offline(call.worker_id)
     draft.fencing_ticket = entered.ticket
     call.entered.set()
@@ -510,7 +516,7 @@ async def _admitted_call(
     if not grant.dispatched:
         # The scripts could not reach the broker (admission on a Redis Cluster): push it here,
         # unless the key was revoked while the call waited (it must not run: 401, not started).
-        # Where the grant dispatched by itself this re-check cannot run (docs/admission.md).
+        # Where the grant dispatched by itself, the script checked the revocation markers.
         if waited and not await in_db_thread(caller_key_valid, caller=call.caller):
             await asyncio.shield(
                 queue.release(
