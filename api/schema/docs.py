@@ -131,7 +131,9 @@ def _body(schema: Schema, schemas: dict[str, Schema]) -> dict[str, Any]:
 def _example(content: Schema) -> str:
     examples = content.get("examples") or {}
     for example in examples.values():
-        return _pretty(example.get("value"))
+        value = example.get("value")
+        # A text answer reads as text, not as a JSON string.
+        return html.escape(value) if isinstance(value, str) else _pretty(value)
     return ""
 
 

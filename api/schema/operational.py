@@ -54,7 +54,11 @@ OPERATIONAL: dict[str, tuple[str, Schema]] = {
                     "content": {
                         "text/plain": {
                             "schema": {"type": "string"},
-                            "examples": {"scrape": {"value": "sluice_admission_waiting 0\n"}},
+                            "examples": {
+                                "scrape": {
+                                    "value": 'sluice_queue_waiting{worker="example-worker-1"} 0.0\n'
+                                }
+                            },
                         }
                     },
                 },
