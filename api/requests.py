@@ -18,6 +18,7 @@ import logging
 from typing import Any
 
 from django.http import HttpRequest
+from drf_spectacular.utils import extend_schema
 from redis.exceptions import RedisError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -48,6 +49,14 @@ from admission.services import (
 from api.authentication import ApiUser, AsyncApiKeyAuthentication
 from api.base import AsyncApiView
 from api.errors import method_not_allowed, status_of
+from api.schema.answers import (
+    BY_REQUEST_ID_CODES,
+    DURABLE_SUBMIT_CODES,
+    EXECUTE_HEADERS,
+    REQUEST_ID,
+    operation,
+)
+from api.schema.components import Capabilities, DurableStatus, execute_request
 from api.workspace_tools import WorkspaceToolsExecuteApi, WorkspaceToolsRequestCancelApi
 from api.workspace_tools import _emit as emit_row
 from workspaces.signing import unsigned, verify
@@ -185,6 +194,9 @@ class CapabilitiesApi(AsyncApiView):
         if request.method != "GET":
             raise method_not_allowed("GET")
 
+    @extend_schema(
+        **operation("workspaceToolCapabilities", ok=(200, Capabilities), codes=["UNAUTHENTICATED"])
+    )
     async def get(self, request: Request) -> Response:
         return Response({"durableWorkspaceRequests": 1 if dispatch_in_redis() else 0})
 
@@ -192,6 +204,16 @@ class CapabilitiesApi(AsyncApiView):
 class DurableSubmitApi(WorkspaceToolsExecuteApi):
     """`POST /v1/workspace-tools/requests`: execute's admission, answered 202 once queued."""
 
+    @extend_schema(
+        **operation(
+            "submitDurableRequest",
+            request=execute_request(),
+            ok=(202, DurableStatus),
+            parameters=EXECUTE_HEADERS,
+            codes=DURABLE_SUBMIT_CODES,
+            budget=True,
+        )
+    )
     async def post(self, request: Request) -> Response:
         caller = self.checked_caller(request)
         assert self.resolved is not None and self.parsed is not None
@@ -289,6 +311,14 @@ class DurableRequestApi(WorkspaceToolsRequestCancelApi):
         if request.method not in ("GET", "DELETE"):
             raise method_not_allowed("GET, DELETE")
 
+    @extend_schema(
+        **operation(
+            "durableRequestStatus",
+            ok=(200, DurableStatus),
+            parameters=[REQUEST_ID],
+            codes=BY_REQUEST_ID_CODES,
+        )
+    )
     async def get(self, request: Request, request_id: str) -> Response:
         user = request.user
         assert isinstance(user, ApiUser)

@@ -9,7 +9,7 @@ from api.bridge import (
     BridgeWorkerStatusApi,
 )
 from api.requests import CapabilitiesApi, DurableRequestApi, DurableSubmitApi
-from api.schema import schema_docs_view, schema_view
+from api.schema.docs import SchemaApi, SchemaDocsApi
 from api.workers import WorkerDeregisterApi, WorkerHeartbeatApi, WorkerRegisterApi
 from api.workspace_tools import WorkspaceToolsExecuteApi
 
@@ -37,6 +37,6 @@ urlpatterns = [
         BridgeWorkerRevokeApi.as_view(),
         name="bridge-worker-revoke",
     ),
-    path("v1/schema/", schema_view, name="openapi-schema"),
-    path("v1/schema/docs/", schema_docs_view, name="openapi-docs"),
+    path("v1/schema/", SchemaApi.as_view(), name="openapi-schema"),
+    path("v1/schema/docs/", SchemaDocsApi.as_view(), name="openapi-docs"),
 ]
