@@ -269,3 +269,19 @@ NOT_IN_THE_GRAMMAR = [
 @pytest.mark.parametrize("message", NOT_IN_THE_GRAMMAR)
 def test_messages_outside_the_grammar_give_no_report(message: str) -> None:
     assert edit_conflict_report(message) is None
+
+
+def test_a_too_repetitive_search_keeps_its_own_sentence(workspace: Path) -> None:
+    # 60,000 two-line candidates that line-trimmed and whitespace-normalized both see, none
+    # with the inner shape indentation-flexible wants: past its 100,000-comparison budget.
+    text = "a\n  b\n" * 60_000
+    message = _conflict(workspace, text, [_edit("a\nb")], matching="tolerant")
+    assert message == (
+        "Edit 1: oldText has too many repetitive candidates in 'f.txt'; "
+        "include more surrounding lines."
+    )
+    assert edit_conflict_report(message) is None
+    # An exact edit is not refused for it: it only loses the whitespace hint.
+    report = edit_conflict_report(_conflict(workspace, text, [_edit("a\nb")]))
+    assert report is not None
+    assert report["failures"] == [{"edit": 1, **not_found(first_line([1, 3, 5, 7, 9], 59_995))}]
