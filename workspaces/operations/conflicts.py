@@ -3,7 +3,7 @@
 LibreChat's workspace client (``parseEditConflict``) reads these messages back into facts:
 which edit failed, whether its ``oldText`` was missing or ambiguous, the line numbers, and
 hints. A message that strays from the shape below gives the model no hints at all, so every
-sentence here is fixed text around numbers (docs/api.md, "Edit conflicts"):
+sentence here is fixed text around numbers (docs/api.md, "Edit conflict messages"):
 
 * one edit:  ``Workspace edit did not apply and nothing was written: <reason>.``
 * a batch:   ``<F> of <N> workspace edits did not apply, so nothing was written. Every other
@@ -26,12 +26,18 @@ import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 
-from sluice_protocol import MAX_ERROR_CHARS
+from sluice_protocol import EDIT_MATCH_STRATEGIES, MAX_ERROR_CHARS
 
 # LibreChat accepts up to 8,192 characters, but the worker cuts any error at MAX_ERROR_CHARS,
 # and a cut message no longer parses.
 MESSAGE_MAX_CHARS = min(8192, MAX_ERROR_CHARS)
 MAX_LISTED_LINES = 5
+# The strategy names LibreChat's grammar knows; Sluice's own (§2.2.1) are the same names, and
+# a new one must not reach a message before LibreChat can read it.
+GRAMMAR_STRATEGIES = frozenset(
+    {"exact", "line-trimmed", "whitespace-normalized", "indentation-flexible"}
+)
+assert EDIT_MATCH_STRATEGIES <= GRAMMAR_STRATEGIES
 EXCERPT_MAX_CHARS = 120
 # Lines longer than this are not scored for the closest-line hint (minified files).
 CLOSEST_LINE_MAX_CHARS = 1000

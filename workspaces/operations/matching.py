@@ -15,6 +15,10 @@ Tolerant strategies compare text that differs only in whitespace:
   indentation (so the block may sit at another depth, but its inner shape must agree); the
   replacement is moved to the file's indentation.
 
+An edit that does not match is not an exception but an ``Unmatched`` carrying its clause of
+the EDIT_CONFLICT message (``conflicts.py``), so the caller can try the remaining edits and
+name every failure at once.
+
 Line-window matches span whole lines, keep the file's own line terminators and give the
 replacement the terminator style (LF or CRLF) found where it lands. Every search is linear in
 the file (KMP over lines or tokens), except the indentation check of repeated candidates,
