@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from hypothesis import HealthCheck, given, settings
@@ -37,6 +38,7 @@ from fuzz.oracle import ResponseOracle
 from fuzz.sandbox import TARGET_PATHS, WORKSPACE_ID
 
 EXECUTE = "/v1/workspace-tools/execute"
+REQUESTS = "/v1/workspace-tools/requests"
 MUTATING = {"write_file", "edit_file", "execute_command"}
 # The contract's own spelling (§2.1), kept apart from the server's code on purpose.
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -57,6 +59,7 @@ class Target:
     findings: list[tuple[str, str]] = field(default_factory=list)
     known: Counter[str] = field(default_factory=Counter)  # bug id -> answers it explains
     dispatched_ids: set[str] = field(default_factory=set)  # request ids a 200 used up
+    durable_ids: set[str] = field(default_factory=set)  # request ids a 202 holds
     _per_label: Counter[str] = field(default_factory=Counter)
     _http: httpx.Client | None = None
 
@@ -95,6 +98,18 @@ class Target:
             "POST", EXECUTE, response.status_code, dict(response.headers), response.content
         ):
             self.find(label, f"{problem} (sent {content[:160]!r}, headers {headers})", response)
+        return response
+
+    def send(self, label: str, method: str, path: str, **kw: Any) -> httpx.Response:
+        """Any other call, with the live key, judged by the document like a POST to execute."""
+        headers = {"Authorization": f"Bearer {self.api_key}", **kw.pop("headers", {})}
+        response = self.http.request(method, path, headers=headers, **kw)
+        self.calls += 1
+        self.statuses[response.status_code] += 1
+        for problem in self.judge.problems(
+            method, path, response.status_code, dict(response.headers), response.content
+        ):
+            self.find(label, f"{problem} ({method} {path[:160]!r})", response)
         return response
 
     def expect(
@@ -278,12 +293,50 @@ def fuzz_request_id(t: Target, value: bytes) -> None:
     text = value.decode("latin-1").strip(" \t")
     if not REQUEST_ID_RE.fullmatch(text):
         t.expect("header request id", response, {400}, "INVALID_REQUEST_ID", value)
-    elif text in t.dispatched_ids:
+    elif text in t.dispatched_ids or text in t.durable_ids:
         t.expect("header request id reused", response, {400}, "INVALID_REQUEST_ID", value)
     else:
         t.expect("header request id", response, {200}, None, value)
     if response.status_code == 200:
         t.dispatched_ids.add(text)
+
+
+def fuzz_durable_id(t: Target, value: bytes, method: str) -> None:
+    """A durable call's request id (§2.7): the submit header, and the status/cancel path."""
+    text = value.decode("latin-1").strip(" \t")
+    if method == "POST":
+        response = t.send(
+            "durable submit id",
+            "POST",
+            REQUESTS,
+            content=_dumps(_body("read_file", path="README.md")),
+            headers={
+                "Content-Type": "application/json",
+                "X-LibreChat-Code-Worker-ID": t.worker_id,
+                "X-LibreChat-Workspace-Request-Id": value,
+            },
+        )
+        if not REQUEST_ID_RE.fullmatch(text) or text in t.dispatched_ids:
+            # (an id execute used up is bound to a call that is not durable: refused)
+            t.expect("durable submit id", response, {400}, "INVALID_REQUEST_ID", value)
+        else:
+            # A repeat answers its call's status, again 202.
+            t.expect("durable submit id", response, {202}, None, value)
+            t.durable_ids.add(text)
+        return
+    # In the path the id is not a header: nothing strips it.
+    raw = value.decode("latin-1")
+    path = f"{REQUESTS}/{quote(raw, safe='')}"
+    response = t.send(f"durable {method} id", method, path)
+    if raw in t.durable_ids:
+        t.expect(f"durable {method} id", response, {200}, None, value)
+    elif REQUEST_ID_RE.fullmatch(raw):
+        t.expect(f"durable {method} id", response, {404}, "REQUEST_NOT_FOUND", value)
+    else:
+        # Malformed: the same 404 as an unknown id, or no route at all ("", ".", "..", "/").
+        t.expect(f"durable {method} id", response, {404}, None, value)
+        if _code(response) not in ("REQUEST_NOT_FOUND", "NOT_FOUND"):
+            t.find(f"durable {method} id", f"answered {_code(response)} for {value!r}", response)
 
 
 def fuzz_queue_wait(t: Target, value: bytes) -> None:
@@ -340,6 +393,10 @@ def run(target: Target, *, examples: int, seed: int) -> None:
         (fuzz_worker_id, {"value": WORKER_IDS}),
         (fuzz_request_id, {"value": REQUEST_IDS}),
         (fuzz_queue_wait, {"value": QUEUE_WAITS}),
+        (
+            fuzz_durable_id,
+            {"value": REQUEST_IDS, "method": st.sampled_from(["POST", "GET", "DELETE"])},
+        ),
         (
             fuzz_body,
             {
