@@ -85,9 +85,9 @@ def test_a_durable_call_survives_the_death_of_the_process_that_accepted_it(
     assert done["result"]["exitCode"] == 0
     assert marker.read_text() == "once\n"
     wait_until(lambda: len(_rows(rid)) == 1, timeout_s=10)
-    # More lookups (from any process) write no second row.
+    # More lookups (from any process) write no second row: the draft is spent.
     _poll(api.url, owner, rid, {"completed"})
-    time.sleep(0.5)
+    wait_until(lambda: _owed(owner.worker_id) == ([], ["done"]), timeout_s=10)
     assert _rows(rid) == [(200, "")]
 
 
