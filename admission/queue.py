@@ -12,6 +12,10 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:{w:ID}:wake:<entry> LIST  pushes to one waiting request: grant, result, offline ...
     P adm:{w:ID}:ds:<entry>   STRING  a durable call's status (JSON)          (TTL >= 10 min)
     P adm:{w:ID}:row:<entry>  STRING  a durable call's completion row draft, then "done"
+    P adm:{w:ID}:row:<entry>:req    STRING  that call's request (its result is checked against it)
+    P adm:{w:ID}:row:<entry>:claim  STRING  who is writing that call's row now        (TTL 30 s)
+    P adm:durable             ZSET  "<worker id> <entry id>" by submission: durable calls whose
+                                    row is not written yet (admission/durable.py sweeps it; TTL 1 h)
     P adm:{w:ID}:wake:        shard channel: "<entry>" announced with each push (admission/waiters.py)
     P adm:{w:ID}:inst:<key>   STRING  the principal a conversation instance is bound to   (TTL 24 h)
     P adm:rid:{p:<principal>}:<request id>   STRING  "<worker id> <entry id>" or "done"
@@ -51,6 +55,10 @@ REVOKE_TTL_MS = 60_000
 # admission wait (the queue ceiling is at most 300 s), plus a minute for calls that entered
 # from a process whose caller cache (1 s) had not yet seen the revocation.
 REVOKED_KEY_TTL_MS = 360_000
+# The index of durable calls owing a row outlives every member's row draft (budgets are at
+# most minutes, a draft lives its budgets plus DURABLE_KEEP_MS): it expires an hour after the
+# last durable submission.
+DURABLE_INDEX_TTL_MS = 3600 * 1000
 # Separates the offer tokens a call needs / a workspace offers (never in a token itself).
 OFFER_SEP = "\x1f"
 ADMISSION_SCRIPTS = ("enter", "leave", "release", "settle", "register", "heartbeat", "deregister")
@@ -126,6 +134,12 @@ def request_id_key(prefix: str, scope: str, request_id: str) -> str:
     return f"{prefix}adm:rid:{{p:{scope}}}:{request_id}"
 
 
+def durable_index_key(prefix: str) -> str:
+    # Not under a worker's hash tag: only ever touched by single-key commands. (Durable
+    # requests are offered only where the scripts dispatch, never on a cluster.)
+    return f"{prefix}adm:durable"
+
+
 @dataclass(frozen=True)
 class Grant:
     ticket: int
@@ -181,6 +195,10 @@ def parse_entered(raw: list[Any]) -> Entered:
 def parse_left(raw: list[Any]) -> tuple[str, Grant | None]:
     status = _s(raw[0])
     return status, (_grant(raw[1:]) if status == "running" else None)
+
+
+def _opt(value: Any) -> str | None:
+    return None if value is None else _s(value)
 
 
 def _now(now_ms: int | None) -> str:
@@ -401,28 +419,83 @@ class AsyncQueue(_Scripts):
         return int(seconds) * 1000 + int(micros) // 1000
 
     async def row_draft_save(
-        self, *, worker_id: str, entry_id: str, row: str, request: str, ttl_ms: int
+        self,
+        *,
+        worker_id: str,
+        entry_id: str,
+        row: str,
+        request: str,
+        ttl_ms: int,
+        submitted_ms: int,
     ) -> None:
-        """A durable call's row draft, and its request (its result is checked against it)."""
+        """A durable call's row draft and its request, listed in the index of calls owing a
+        row (admission/durable.py), before the call enters its queue."""
         key = self.keys(worker_id).row(entry_id)
+        index = durable_index_key(self.prefix)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(key, row, px=ttl_ms)
         pipe.set(key + ":req", request, px=ttl_ms)
+        pipe.zadd(index, {f"{worker_id} {entry_id}": submitted_ms})
+        pipe.pexpire(index, DURABLE_INDEX_TTL_MS)
         await pipe.execute()
 
     async def row_request(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         raw = await self.client.get(self.keys(worker_id).row(entry_id) + ":req")
         return None if raw is None else dict(json.loads(raw))
 
-    async def row_draft_take(self, *, worker_id: str, entry_id: str, ttl_ms: int) -> str | None:
-        """The row draft, to the one caller that writes the row: it is replaced by "done" in
-        the same step, so a second caller (another process reading the status) gets None."""
-        raw = await self.client.set(
-            self.keys(worker_id).row(entry_id), "done", px=ttl_ms, get=True, xx=True
-        )
+    async def row_claim(
+        self, *, worker_id: str, entry_id: str, token: str, lease_ms: int
+    ) -> tuple[str, str | None]:
+        """Claim the writing of a durable call's row: ("claimed", draft) to exactly one caller
+        while the claim lasts, ("busy", None) while another holds it, ("done", None) once the
+        row is written (or its draft is gone). One MULTI, so nothing falls between the two."""
+        key = self.keys(worker_id).row(entry_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(key + ":claim", token, nx=True, px=lease_ms)
+        pipe.get(key)
+        got, raw = await pipe.execute()
         if raw is None or _s(raw) == "done":
-            return None
-        return _s(raw)
+            return "done", None
+        return ("claimed", _s(raw)) if got else ("busy", None)
+
+    async def row_done(self, *, worker_id: str, entry_id: str, ttl_ms: int) -> None:
+        """The row is written: the draft becomes "done" (so no claim after this one writes)
+        and the call leaves the index. The claim goes last."""
+        key = self.keys(worker_id).row(entry_id)
+        await self.client.set(key, "done", px=ttl_ms, xx=True)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(durable_index_key(self.prefix), f"{worker_id} {entry_id}")
+        pipe.delete(key + ":claim")
+        await pipe.execute()
+
+    async def row_forget(self, *, worker_id: str, entry_id: str) -> None:
+        """A durable call that never entered its queue owes no row: its draft goes."""
+        key = self.keys(worker_id).row(entry_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(key, key + ":req")
+        pipe.zrem(durable_index_key(self.prefix), f"{worker_id} {entry_id}")
+        await pipe.execute()
+
+    async def rows_owed(
+        self, *, start: int, limit: int
+    ) -> list[tuple[str, str, str | None, str | None]]:
+        """`limit` durable calls of the index from position `start`, oldest first: (worker id,
+        entry id, status JSON, row draft or "done"), in two round trips."""
+        members = await self.client.zrange(durable_index_key(self.prefix), start, start + limit - 1)
+        pairs = [tuple(_s(m).split(" ", 1)) for m in members]
+        pairs = [p for p in pairs if len(p) == 2]
+        if not pairs:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id, entry_id in pairs:
+            k = self.keys(worker_id)
+            pipe.get(k.status(entry_id))
+            pipe.get(k.row(entry_id))
+        got = await pipe.execute()
+        return [(w, e, _opt(got[2 * i]), _opt(got[2 * i + 1])) for i, (w, e) in enumerate(pairs)]
+
+    async def row_unlist(self, *, worker_id: str, entry_id: str) -> None:
+        await self.client.zrem(durable_index_key(self.prefix), f"{worker_id} {entry_id}")
 
     async def finish_request_id(self, *, scope: str, request_id: str, dispatched: bool) -> None:
         """Mark a call's id finished, or free it when the call was never dispatched.

@@ -437,14 +437,16 @@ async def _admitted_call(
     expires = datetime.fromtimestamp(time.time() + (queue_ms + exec_ms) / 1000, tz=UTC)
     broker_key, envelope = assignment_message(assignment, expires=expires)
     if call.durable:
-        # Whoever sees the call end first writes its row from this draft (api/requests.py),
-        # this process or, if it died, any other one answering the call's status.
+        # Whoever claims it first once the call ends writes its row from this draft
+        # (admission/durable.py): this process, any process answering its status, or the
+        # drainer's sweep when no API process is left to.
         await queue.row_draft_save(
             worker_id=call.worker_id,
             entry_id=call.entry_id,
             row=json.dumps(draft.row()),
             request=json.dumps(call.request),
             ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
+            submitted_ms=int(draft.started * 1000),
         )
     entered = await queue.enter(
         worker_id=call.worker_id,
@@ -501,6 +503,9 @@ async def _admitted_call(
                 )
             grant = entered.grant or await _wait_for_grant(call, queue, policy, queue_deadline)
     except asyncio.CancelledError:
+        if call.durable:
+            # Only this process's end cancels a durable call's watcher: the call stays queued.
+            raise
         draft.outcome, draft.admission_outcome = "disconnected", "cancelled"
         await asyncio.shield(_leave_or_release(call, queue, policy))
         raise

@@ -18,7 +18,9 @@ urlpatterns = [
     path("v1/workspace-tools/capabilities", CapabilitiesApi.as_view(), name="capabilities"),
     path("v1/workspace-tools/requests", DurableSubmitApi.as_view(), name="request-submit"),
     path(
-        "v1/workspace-tools/requests/<str:request_id>",
+        # Any id, slashes included, reaches the view: an id that is not one is the same 404
+        # REQUEST_NOT_FOUND as an unknown one, never the router's NOT_FOUND.
+        "v1/workspace-tools/requests/<path:request_id>",
         DurableRequestApi.as_view(),
         name="request-cancel",
     ),
