@@ -82,6 +82,8 @@ class Call:
     # where it stands. An error of Redis in between leaves the call ambiguous (contract §2.5:
     # once the enqueue may have happened, only the worker's answer says more).
     maybe_queued: bool = False
+    # When its wait for the worker's answer ends (the service's clock): admission + exec budget.
+    exec_deadline: float | None = None
     # Durable (§2.7): the call outlives its HTTP request; `entered` is set once it is in the
     # queue (the 202 goes out then), and its status lives in Redis.
     durable: bool = False
@@ -554,9 +556,9 @@ async def _admitted_call(
         except Exception:
             log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
     call.dispatched = True
-    exec_deadline = admitted_at + exec_ms / 1000
+    call.exec_deadline = admitted_at + exec_ms / 1000
     try:
-        message = await _wait_for_result(call, queue, grant, exec_deadline, policy, clock)
+        message = await _wait_for_result(call, queue, grant, call.exec_deadline, policy, clock)
     except asyncio.CancelledError:
         draft.outcome = "disconnected"
         raise

@@ -219,9 +219,14 @@ def when_waiting(rig: Rig, call: Call, act: Callable[[], None]) -> None:
     rig.clock.on_read = hook
 
 
+async def bounded(task: asyncio.Task[Any]) -> Any:
+    """The call's answer; a call stuck waiting (a broken rule) fails the test instead of hanging."""
+    return await asyncio.wait_for(task, timeout=20)
+
+
 async def refused(task: asyncio.Task[Any]) -> refusals.Refusal:
     with pytest.raises(refusals.Refusal) as caught:
-        await task
+        await bounded(task)
     return caught.value
 
 
@@ -245,7 +250,7 @@ def test_a_grant_landing_as_the_queue_budget_runs_out_wins(rig: Rig) -> None:
         await until(lambda: call.dispatched or task.done())
         if not task.done():
             rig.settle_with_result(call)
-        return await task
+        return await bounded(task)
 
     # The grant wins: the call ran (so it is answered with its result, not a queue timeout).
     assert run(rig, scenario) == RESULT
@@ -284,7 +289,7 @@ def test_the_exec_budget_starts_at_admission_not_at_arrival(rig: Rig) -> None:
     def meanwhile() -> None:
         # A minute in the queue, twice the call's 30 s exec budget; then the slot frees.
         rig.clock.advance(60.0)
-        admitted["ms"] = rig.clock.peek_ms()
+        admitted["ms"], admitted["at"] = rig.clock.peek_ms(), rig.clock.monotonic()
         rig.settle_holder()
 
     async def scenario(queue: AsyncQueue) -> dict[str, Any]:
@@ -297,11 +302,12 @@ def test_the_exec_budget_starts_at_admission_not_at_arrival(rig: Rig) -> None:
             assert granted is not None
             admitted["deadline"] = granted["execDeadlineMs"]
             rig.settle_with_result(call)
-        return await task
+        return await bounded(task)
 
     # Still waited for after a minute in the queue: the budget counts from admission.
     assert run(rig, scenario) == RESULT
     assert admitted["deadline"] == admitted["ms"] + 30_000  # what the worker is given
+    assert call.exec_deadline == admitted["at"] + 30.0  # how long this process waits for it
     assert call.draft.queue_wait_ms == 60_000
     assert call.draft.exec_ms == 0
     assert call.draft.deadline_budget_ms == 120_000 + 30_000
@@ -321,12 +327,12 @@ def test_a_call_still_offered_at_its_grant_is_dispatched_once(rig: Rig) -> None:
         assert rig.broker_messages() == []
         rig.settle_holder()
         await until(lambda: call.dispatched or task.done())
-        # Re-checked and still offered: its envelope went to the worker, once.
-        assert len(rig.broker_messages()) == 1
         rig.settle_with_result(call)
-        return await task
+        return await bounded(task)
 
     assert run(rig, scenario) == RESULT
+    # Re-checked and still offered: its envelope went to the worker, once.
+    assert len(rig.broker_messages()) == 1
 
 
 def test_a_worker_restarted_while_the_call_waits_refuses_it_as_offline_not_started(
@@ -397,10 +403,11 @@ def test_a_key_revoked_while_the_call_waits_is_never_dispatched(rig: Rig) -> Non
     account = bootstrap(tenant="t-revoke", user="u", worker_id=f"w-{uuid.uuid4().hex[:6]}")
     caller = caller_for_api_key(account["api_key"])
     assert caller is not None and caller.key_id is not None
+    key_id = caller.key_id
     call = make_call(rig, caller=caller, request_id="revoked-01")
 
     def revoke() -> None:
-        ApiKey.objects.filter(pk=caller.key_id).update(revoked_at=timezone.now())
+        ApiKey.objects.filter(pk=key_id).update(revoked_at=timezone.now())
 
     async def scenario(queue: AsyncQueue) -> refusals.Refusal:
         # The broker is not reachable from the scripts (as on a Redis Cluster): the waiter
