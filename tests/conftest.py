@@ -63,6 +63,16 @@ def django_db_modify_db_settings() -> None:
     settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_sluice_{os.getpid()}"
 
 
+@pytest.fixture(autouse=True)
+def _policy_follows_the_database() -> None:
+    """The last test's flush emptied the policy tables behind every policy cache's back (a
+    flush sends no signal): bump the version, so this process and the session's API
+    processes reload the policy on their next call, as after any change."""
+    from admission.policy import policy_changed
+
+    policy_changed()
+
+
 @pytest.fixture
 def redis_prefix() -> str:
     """A key prefix of this test's own, so tests never see each other's queues."""
