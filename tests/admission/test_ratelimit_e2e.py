@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import pytest
 import redis
 from callhelpers import EXECUTE, command, read, wait_until
 from django.conf import settings
@@ -280,6 +281,7 @@ def test_a_refused_call_never_touches_the_workers_queue(
     assert held(owner.worker_id) == []
 
 
+@pytest.mark.e2e
 def test_with_redis_down_the_endpoint_answers_a_typed_503_not_a_500_or_a_pass(
     live_env, account_factory
 ):
