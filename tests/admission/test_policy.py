@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from livesupport import ROOT, git_workspace
+from livesupport import ROOT, git_workspace, run_command
 from sluice_protocol import OPERATIONS
 
 from admission.models import AdmissionPolicy
@@ -131,7 +131,7 @@ def test_set_policy_refuses_a_bad_assignment_with_one_line_and_a_nonzero_exit(
     live_env: dict[str, str], transactional_db: None, assignments: list[str], named: str
 ) -> None:
     before = stored_after_seeding()
-    done = manage(live_env, "set_policy", *assignments)
+    done = run_command("set_policy", *assignments)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -143,9 +143,7 @@ def test_set_policy_refuses_a_bad_assignment_with_one_line_and_a_nonzero_exit(
 def test_set_policy_stores_the_values_and_prints_them_one_per_line(
     live_env: dict[str, str], transactional_db: None
 ) -> None:
-    done = manage(
-        live_env, "set_policy", "WORKER_QUEUE_LIMIT=16", "WORKSPACE_TOOLS_RATE_LIMIT=60/30s"
-    )
+    done = run_command("set_policy", "WORKER_QUEUE_LIMIT=16", "WORKSPACE_TOOLS_RATE_LIMIT=60/30s")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "WORKER_QUEUE_LIMIT=16",

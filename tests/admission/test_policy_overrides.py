@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
-from livesupport import git_workspace
+from livesupport import git_workspace, run_command
 from test_policy import manage, rate_limit_seen
 
 from admission.models import PolicyOverride
@@ -135,7 +135,7 @@ def test_set_policy_with_tenant_or_worker_prints_the_override_and_refuses_in_one
     live_env: dict[str, str], transactional_db: None
 ) -> None:
     tenant_with_worker("acme", "acme-1")
-    done = manage(live_env, "set_policy", "--worker", "acme-1", "WORKSPACE_TOOLS_RATE_LIMIT=9/30s")
+    done = run_command("set_policy", "--worker", "acme-1", "WORKSPACE_TOOLS_RATE_LIMIT=9/30s")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["worker acme-1: WORKSPACE_TOOLS_RATE_LIMIT=9/30s"]
     for args in (
@@ -144,7 +144,7 @@ def test_set_policy_with_tenant_or_worker_prints_the_override_and_refuses_in_one
         ["--tenant", "acme", "--worker", "acme-1", "WORKER_QUEUE_LIMIT=3"],
         ["WORKER_QUEUE_LIMIT="],
     ):
-        refused = manage(live_env, "set_policy", *args)
+        refused = run_command("set_policy", *args)
         assert refused.returncode != 0, args
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert list(PolicyOverride.objects.values_list("rate_limit", flat=True)) == ["9/30s"]
