@@ -16,7 +16,7 @@ REQ_FILES := requirements.txt requirements-dev.txt client/pyproject.toml protoco
 REQ_HASH := $(shell cat $(REQ_FILES) | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(REQ_HASH)
 
-.PHONY: run test lint bench fuzz soak venv
+.PHONY: run test test-unit lint bench fuzz soak venv
 
 venv: $(STAMP)
 
@@ -38,6 +38,10 @@ test: venv
 	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The unit tier: every test that starts no uvicorn and no runworker (docs/architecture.md).
+test-unit: venv
+	$(MAKE) test PYTEST_ARGS='-m "not e2e" $(PYTEST_ARGS)'
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -136,7 +136,7 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
         self, request: HttpRequest, obj: AdmissionPolicy, form: Any, change: bool
     ) -> None:
         super().save_model(request, obj, form, change)
-        # This process sees the change at once; every other one within POLICY_CACHE_S.
+        # The save bumps the policy version: every process has the change from its next call.
         forget_cached_policy()
 
 

@@ -18,6 +18,10 @@ class AdmissionConfig(AppConfig):
         # inside the deleting transaction, so a Redis that refuses keeps the row.
         post_delete.connect(_revoke_redis_user, sender=Worker, dispatch_uid="worker-redis-user")
 
+        from admission.policy import connect_policy_signals
+
+        connect_policy_signals()
+
 
 def _revoke_redis_user(sender: Any, instance: Any, **_: Any) -> None:
     from admission.credentials import worker_credentials_revoke

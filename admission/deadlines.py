@@ -6,11 +6,16 @@
                    = min(JOB_TIMEOUT, 30000)                         every other operation
 
 The exec budget starts at admission, so waiting never eats execution time.
+
+Time is a parameter: the execute service (admission/services.py) reads it only from a `Clock`,
+`SYSTEM_CLOCK` unless a test passes its own, so a unit test owns every deadline it drives.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from typing import Protocol
 
 from sluice_protocol import DEFAULT_COMMAND_TIMEOUT_MS
 
@@ -38,3 +43,30 @@ def exec_budget_ms(*, request: Mapping[str, object], job_timeout_ms: int) -> int
 
 def deadline_budget_ms(*, queue_ms: int, exec_ms: int) -> int:
     return queue_ms + exec_ms
+
+
+class Clock(Protocol):
+    """Where the execute service reads time. `now()` is wall-clock seconds (what a message's
+    expiry is stamped with), `monotonic()` what deadlines in this process are measured by, and
+    `scripts_ms()` the now the admission scripts decide by: None leaves them to Redis's own
+    clock (one clock every API host and worker agrees on)."""
+
+    def now(self) -> float: ...
+
+    def monotonic(self) -> float: ...
+
+    def scripts_ms(self) -> int | None: ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def scripts_ms(self) -> int | None:
+        return None
+
+
+SYSTEM_CLOCK: Clock = SystemClock()

@@ -1,23 +1,36 @@
 """The admission policy as API processes see it: the policy row and its overrides, cached
-for a second.
+in each process under a version that lives in Django's cache (django-redis).
 
 Operators change the row (and the overrides per tenant or worker) in Django admin or with
-`manage.py set_policy`; every API process re-reads them at most POLICY_CACHE_S later, so a
-change reaches all of them within 2 s without a restart. `policy_for()` resolves one call's
-policy: the worker's override, then its tenant's, then the global row, field by field.
+`manage.py set_policy`. Every save or delete of either bumps the version (a fresh random
+token, once the write is committed: `policy_changed`); each API process reads the version
+on every call (one GET, no thread hop on the async path) and reloads from Postgres when it
+differs, so a change is live on every process from its next call. If the cache's Redis
+cannot be read, a process falls back to re-reading Postgres every POLICY_FALLBACK_S.
+`policy_for()` resolves one call's policy: the worker's override, then its tenant's, then
+the global row, field by field.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
+import redis.asyncio as aioredis
 from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
+from django.db import transaction
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from admission.dbthread import in_db_thread
 from admission.models import AdmissionPolicy, PolicyOverride
@@ -78,19 +91,120 @@ def snapshot(row: AdmissionPolicy) -> Policy:
     )
 
 
+log = logging.getLogger("sluice.admission")
+
+# The version's name in Django's cache, and how long it lives unchanged (lost or expired, it
+# reads as 0, which differs from every token a bump writes: every process reloads once).
+VERSION_KEY = "admission:policy-version"
+VERSION_TTL_S = 30 * 24 * 3600
+# With the cache's Redis unreadable, a process re-reads the policy from Postgres this often.
+POLICY_FALLBACK_S = 1.0
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    """What a process's cached policy was loaded under."""
+
+    version: int | None  # None: the version could not be read
+    loaded_at: float
+
+    def fresh(self, version: int | None) -> bool:
+        if version is None or self.version is None:
+            return time.monotonic() - self.loaded_at < POLICY_FALLBACK_S
+        return version == self.version
+
+
+_UNREAD = object()
+
+
+def _decoded(raw: Any) -> int:
+    return 0 if raw is None else int(raw)  # never bumped (or lost with its Redis): 0
+
+
+def policy_version() -> int | None:
+    """The current version (Django's cache); None when it cannot be read."""
+    try:
+        return _decoded(cache.get(VERSION_KEY))
+    except (RedisError, OSError, ValueError):
+        log.warning("policy version unreadable; re-reading the policy from Postgres", exc_info=True)
+        return None
+
+
+# One asyncio client per event loop for the version read (the cache's own Redis, the key
+# django-redis wrote: it keeps an int as its decimal digits). Django's `cache.aget` would hop
+# to the shared sync thread on every call instead.
+_version_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _version_client() -> Any:
+    loop = asyncio.get_running_loop()
+    client = _version_clients.get(loop)
+    if client is None:
+        config: dict[str, Any] = dict(settings.CACHES["default"])
+        options: dict[str, Any] = dict(config.get("OPTIONS") or {})
+        client = aioredis.Redis.from_url(
+            str(config["LOCATION"]),
+            socket_connect_timeout=options.get("SOCKET_CONNECT_TIMEOUT", 2),
+            socket_timeout=options.get("SOCKET_TIMEOUT", 2),
+            retry=Retry(NoBackoff(), 1),
+        )
+        _version_clients[loop] = client
+    return client
+
+
+async def apolicy_version() -> int | None:
+    """policy_version() for the async path: one GET on this loop's client."""
+    try:
+        return _decoded(await _version_client().get(cache.make_and_validate_key(VERSION_KEY)))
+    except (RedisError, OSError, ValueError):
+        log.warning("policy version unreadable; re-reading the policy from Postgres", exc_info=True)
+        return None
+
+
+def policy_changed() -> None:
+    """Every API process reloads the policy on its next call (this one at once)."""
+    try:
+        cache.set(VERSION_KEY, secrets.randbits(62), timeout=VERSION_TTL_S)
+    except (RedisError, OSError):
+        # Then the others see the change within POLICY_FALLBACK_S of finding the cache again.
+        log.warning("could not bump the policy version", exc_info=True)
+    forget_cached_policy()
+
+
+def _saved_or_deleted(sender: Any, **_: Any) -> None:
+    # After the commit: a process reloading before it would cache the old row under the new
+    # version. (Outside a transaction this runs at once.)
+    transaction.on_commit(policy_changed)
+
+
+def connect_policy_signals() -> None:
+    """Every save and delete of the policy row or an override bumps the version (admin,
+    set_policy, a cascade from a deleted tenant or worker, a test writing rows directly)."""
+    from django.db.models.signals import post_delete, post_save
+
+    for model in (AdmissionPolicy, PolicyOverride):
+        for signal in (post_save, post_delete):
+            signal.connect(
+                _saved_or_deleted, sender=model, dispatch_uid=f"policy-version-{model.__name__}"
+            )
+
+
 _lock = threading.Lock()
-_cached: tuple[float, Policy] | None = None
+_cached: tuple[_Stamp, Policy] | None = None
 
 
-def current_policy() -> Policy:
+def current_policy(version: Any = _UNREAD) -> Policy:
     global _cached
-    now = time.monotonic()
+    if version is _UNREAD:
+        version = policy_version()
     cached = _cached
-    if cached is not None and cached[0] > now:
+    if cached is not None and cached[0].fresh(version):
         return cached[1]
     with _lock:
         fresh = snapshot(policy_row())
-        _cached = (now + settings.POLICY_CACHE_S, fresh)
+        _cached = (_Stamp(version, time.monotonic()), fresh)
         return fresh
 
 
@@ -98,14 +212,17 @@ _loading: dict[int, asyncio.Future[Policy]] = {}
 
 
 async def acurrent_policy() -> Policy:
+    version = await apolicy_version()
     cached = _cached
-    if cached is not None and cached[0] > time.monotonic():
+    if cached is not None and cached[0].fresh(version):
         return cached[1]
     # A burst arriving as the cached row expires shares one read (one per event loop).
     loop = id(asyncio.get_running_loop())
     pending = _loading.get(loop)
     if pending is None or pending.done():
-        pending = _loading[loop] = asyncio.ensure_future(in_db_thread(current_policy))
+        pending = _loading[loop] = asyncio.ensure_future(
+            in_db_thread(current_policy, version=version)
+        )
     return await asyncio.shield(pending)
 
 
@@ -175,26 +292,29 @@ def policy_sources(
     return {f: "worker" if f in worker else "tenant" if f in tenant else "global" for f in fields}
 
 
-# (expiry, overrides, resolved policies by (worker, tenant)). The resolved map only grows
+# (stamp, overrides, resolved policies by (worker, tenant)). The resolved map only grows
 # with the workers and tenants this process serves, and is dropped at every refresh.
-_overrides_cached: tuple[float, Overrides, dict[tuple[str, int | None], Policy]] | None = None
+_overrides_cached: tuple[_Stamp, Overrides, dict[tuple[str, int | None], Policy]] | None = None
 
 
-def current_overrides() -> tuple[Overrides, dict[tuple[str, int | None], Policy]]:
+def current_overrides(
+    version: Any = _UNREAD,
+) -> tuple[Overrides, dict[tuple[str, int | None], Policy]]:
     global _overrides_cached
-    now = time.monotonic()
+    if version is _UNREAD:
+        version = policy_version()
     cached = _overrides_cached
-    if cached is not None and cached[0] > now:
+    if cached is not None and cached[0].fresh(version):
         return cached[1], cached[2]
     with _lock:
         fresh = load_overrides()
-        _overrides_cached = (now + settings.POLICY_CACHE_S, fresh, {})
+        _overrides_cached = (_Stamp(version, time.monotonic()), fresh, {})
         return fresh, _overrides_cached[2]
 
 
-def policy_for(*, worker_id: str, tenant_id: int | None) -> Policy:
+def policy_for(*, worker_id: str, tenant_id: int | None, version: Any = _UNREAD) -> Policy:
     """The policy one call on `worker_id` by a principal of `tenant_id` runs under."""
-    overrides, resolved = current_overrides()
+    overrides, resolved = current_overrides(version)
     key = (worker_id, tenant_id)
     policy = resolved.get(key)
     if policy is None:
@@ -203,9 +323,11 @@ def policy_for(*, worker_id: str, tenant_id: int | None) -> Policy:
 
 
 async def apolicy_for(*, worker_id: str, tenant_id: int | None) -> Policy:
-    """policy_for() for the async path: a dict lookup while the cache is fresh."""
+    """policy_for() for the async path: the version read, then a dict lookup while the
+    cached overrides are of that version."""
+    version = await apolicy_version()
     cached = _overrides_cached
-    if cached is not None and cached[0] > time.monotonic():
+    if cached is not None and cached[0].fresh(version):
         policy = cached[2].get((worker_id, tenant_id))
         if policy is not None:
             return policy
@@ -213,7 +335,9 @@ async def apolicy_for(*, worker_id: str, tenant_id: int | None) -> Policy:
             cached[1], worker_id=worker_id, tenant_id=tenant_id
         )
         return policy
-    return await in_db_thread(lambda: policy_for(worker_id=worker_id, tenant_id=tenant_id))
+    return await in_db_thread(
+        lambda: policy_for(worker_id=worker_id, tenant_id=tenant_id, version=version)
+    )
 
 
 def parse_assignment(text: str) -> tuple[str, str]:

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from admission.callers import caller_key_valid, forget_cached_callers
 from admission.completion import CompletionDraft, expected_outage
 from admission.connections import async_broker
 from admission.dbthread import in_db_thread
+from admission.deadlines import SYSTEM_CLOCK, Clock
 from admission.models import Quarantine
 from admission.policy import Policy, apolicy_for
 from admission.queue import AsyncQueue, Grant, offer_tokens
@@ -76,7 +76,14 @@ class Call:
     draft: CompletionDraft
     target: Target | None = None
     request_id_claimed: bool = False
+    # May have reached the worker: from its grant on (a grant dispatches it).
     dispatched: bool = False
+    # In the queue or perhaps in it: from the moment its enqueue is sent until the queue said
+    # where it stands. An error of Redis in between leaves the call ambiguous (contract §2.5:
+    # once the enqueue may have happened, only the worker's answer says more).
+    maybe_queued: bool = False
+    # When its wait for the worker's answer ends (the service's clock): admission + exec budget.
+    exec_deadline: float | None = None
     # Durable (§2.7): the call outlives its HTTP request; `entered` is set once it is in the
     # queue (the 202 goes out then), and its status lives in Redis.
     durable: bool = False
@@ -142,10 +149,12 @@ async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter) -> None:
         )
 
 
-async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadline: float) -> Grant:
+async def _wait_for_grant(
+    call: Call, queue: AsyncQueue, policy: Policy, deadline: float, clock: Clock
+) -> Grant:
     """Block on this call's wake list until granted, refused, or the queue deadline passes."""
     while True:
-        left_ms = int((deadline - time.monotonic()) * 1000)
+        left_ms = int((deadline - clock.monotonic()) * 1000)
         if left_ms <= 0:
             break
         message = await queue.wait(
@@ -161,7 +170,7 @@ async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadlin
             message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
             if message is not None:
                 return _granted_or_raise(call, message)
-            if deadline - time.monotonic() > PRUNED_EARLY_S:
+            if deadline - clock.monotonic() > PRUNED_EARLY_S:
                 raise refusals.worker_offline(call.worker_id)
             break
     status, grant = await queue.leave(
@@ -169,6 +178,7 @@ async def _wait_for_grant(call: Call, queue: AsyncQueue, policy: Policy, deadlin
         entry_id=call.entry_id,
         slot_ceiling=policy.max_lease_slots,
         code="WORKSPACE_QUEUE_TIMEOUT",
+        now_ms=clock.scripts_ms(),
     )
     if status == "running" and grant is not None:
         # Granted in the same instant the budget ran out: the grant wins, the push is spent.
@@ -206,10 +216,10 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
 
 
 async def _wait_for_result(
-    call: Call, queue: AsyncQueue, grant: Grant, deadline: float, policy: Policy
+    call: Call, queue: AsyncQueue, grant: Grant, deadline: float, policy: Policy, clock: Clock
 ) -> dict[str, Any]:
     """Wait for the worker's settlement until the exec deadline. Past that, the outcome is unknown."""
-    left_ms = int((deadline - time.monotonic()) * 1000) + SETTLE_GRACE_MS
+    left_ms = int((deadline - clock.monotonic()) * 1000) + SETTLE_GRACE_MS
     message = await queue.wait(
         worker_id=call.worker_id, entry_id=call.entry_id, timeout_ms=max(left_ms, 1)
     )
@@ -218,6 +228,7 @@ async def _wait_for_result(
         entry_id=call.entry_id,
         ticket=grant.ticket,
         slot_ceiling=policy.max_lease_slots,
+        now_ms=clock.scripts_ms(),
     ):
         # Settled (or cleared) between the timeout and the release: take what was pushed.
         message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
@@ -346,8 +357,12 @@ def _key(call: Call) -> bytes:
     return signing_key(call.target.token_hash)
 
 
-async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -> dict[str, Any]:
-    """Admit, dispatch and await one call. Raises a Refusal for every answer but a result."""
+async def call_execute(
+    call: Call, *, queue: AsyncQueue, limiter: RateLimiter, clock: Clock = SYSTEM_CLOCK
+) -> dict[str, Any]:
+    """Admit, dispatch and await one call. Raises a Refusal for every answer but a result.
+
+    Every time it reads comes from `clock`; `call.draft.started_monotonic` is on the same one."""
     draft = call.draft
     base, _lane = isolation_key(call.request)
     draft.isolation_key_hash = isolation_key_hash(call.worker_id, call.request)
@@ -384,7 +399,9 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
                     raise DurableExists(worker_id=bound[0], entry_id=bound[1])
                 raise refusals.request_id_taken()
             call.request_id_claimed = True
-        return await _admitted_call(call, queue, policy, target, queue_ms, exec_ms, queue_deadline)
+        return await _admitted_call(
+            call, queue, policy, target, queue_ms, exec_ms, queue_deadline, clock
+        )
     except refusals.Refusal as refusal:
         # The one place a refusal decides what the completion row says of admission.
         if refusal.admission_outcome is not None:
@@ -397,9 +414,12 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
             exc_info=not expected_outage(exc),
             extra={"error": str(exc)},
         )
-        if draft.admission_outcome == "admitted":
+        if draft.admission_outcome == "admitted" or call.dispatched or call.maybe_queued:
+            # Its enqueue may have happened (and a grant dispatches): it may have run.
+            call.dispatched = True
             raise refusals.assignment_expired(
-                "Lost track of the call after it was admitted; it may or may not have run."
+                "Lost track of the call after it entered its worker's queue; it may or may not "
+                "have run."
             ) from None
         raise refusals.admission_unavailable() from None
     finally:
@@ -413,7 +433,7 @@ async def call_execute(call: Call, *, queue: AsyncQueue, limiter: RateLimiter) -
                     queue.finish_request_id(
                         scope=call.caller.scope,
                         request_id=call.request_id or "",
-                        dispatched=call.dispatched,
+                        dispatched=call.dispatched or call.maybe_queued,
                     )
                 )
 
@@ -426,6 +446,7 @@ async def _admitted_call(
     queue_ms: int,
     exec_ms: int,
     queue_deadline: float,
+    clock: Clock,
 ) -> dict[str, Any]:
     draft = call.draft
     command_timeout = deadlines.command_timeout_ms(
@@ -434,7 +455,7 @@ async def _admitted_call(
     # Signed against the incarnation the offer was read with: a call entering under another
     # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
     assignment = _assignment(call, target.incarnation_id, exec_ms, command_timeout)
-    expires = datetime.fromtimestamp(time.time() + (queue_ms + exec_ms) / 1000, tz=UTC)
+    expires = datetime.fromtimestamp(clock.now() + (queue_ms + exec_ms) / 1000, tz=UTC)
     broker_key, envelope = assignment_message(assignment, expires=expires)
     if call.durable:
         # Whoever claims it first once the call ends writes its row from this draft
@@ -448,6 +469,8 @@ async def _admitted_call(
             ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
             submitted_ms=int(draft.started * 1000),
         )
+    # From here until the queue answers, the call may be in it (and granted, so dispatched).
+    call.maybe_queued = True
     entered = await queue.enter(
         worker_id=call.worker_id,
         entry_id=call.entry_id,
@@ -463,7 +486,9 @@ async def _admitted_call(
         durable=call.durable,
         incarnation=target.incarnation_id,
         key_id=call.caller.key_id,
+        now_ms=clock.scripts_ms(),
     )
+    call.maybe_queued = False
     if entered.status == "refused":
         # Perhaps only this process's view of the worker was old (the caller cache): the next
         # lookup must ask Postgres again.
@@ -500,21 +525,24 @@ async def _admitted_call(
                     entry_id=call.entry_id,
                     slot_ceiling=policy.max_lease_slots,
                     message=shutdown.MESSAGE,
+                    now_ms=clock.scripts_ms(),
                 )
-            grant = entered.grant or await _wait_for_grant(call, queue, policy, queue_deadline)
+            grant = entered.grant or await _wait_for_grant(
+                call, queue, policy, queue_deadline, clock
+            )
     except asyncio.CancelledError:
         if call.durable:
             # Only this process's end cancels a durable call's watcher: the call stays queued.
             raise
         draft.outcome, draft.admission_outcome = "disconnected", "cancelled"
-        await asyncio.shield(_leave_or_release(call, queue, policy))
+        await asyncio.shield(_leave_or_release(call, queue, policy, clock))
         raise
     except RedisError:
         # The wait broke (say, Redis restarted under it): take the entry out if Redis is back,
         # so a grant nobody will use does not hold the key.
-        await asyncio.shield(_leave_or_release(call, queue, policy))
+        await asyncio.shield(_leave_or_release(call, queue, policy, clock))
         raise
-    admitted_at = time.monotonic()
+    admitted_at = clock.monotonic()
     draft.queue_wait_ms = int((admitted_at - draft.started_monotonic) * 1000)
     draft.slot_index = grant.slot
     draft.admission_outcome = "admitted"
@@ -529,6 +557,7 @@ async def _admitted_call(
                     entry_id=call.entry_id,
                     ticket=grant.ticket,
                     slot_ceiling=policy.max_lease_slots,
+                    now_ms=clock.scripts_ms(),
                 )
             )
             raise refusals.key_revoked()
@@ -538,18 +567,18 @@ async def _admitted_call(
         except Exception:
             log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
     call.dispatched = True
-    exec_deadline = admitted_at + exec_ms / 1000
+    call.exec_deadline = admitted_at + exec_ms / 1000
     try:
-        message = await _wait_for_result(call, queue, grant, exec_deadline, policy)
+        message = await _wait_for_result(call, queue, grant, call.exec_deadline, policy, clock)
     except asyncio.CancelledError:
         draft.outcome = "disconnected"
         raise
     finally:
-        draft.exec_ms = int((time.monotonic() - admitted_at) * 1000)
+        draft.exec_ms = int((clock.monotonic() - admitted_at) * 1000)
     return await settlement_answer(call, message)
 
 
-async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy) -> None:
+async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy, clock: Clock) -> None:
     """A waiter went away: take it out of the queue. Granted meanwhile, the call is running
     (its grant dispatched it) and is left alone, unless its envelope still waits for this
     process to push it: then the slot is freed and the call never runs."""
@@ -559,6 +588,7 @@ async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy) -> No
             entry_id=call.entry_id,
             slot_ceiling=policy.max_lease_slots,
             code="CLIENT_DISCONNECTED",
+            now_ms=clock.scripts_ms(),
         )
         if status == "running" and grant is not None and grant.dispatched:
             call.dispatched = True
@@ -568,8 +598,11 @@ async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy) -> No
                 entry_id=call.entry_id,
                 ticket=grant.ticket,
                 slot_ceiling=policy.max_lease_slots,
+                now_ms=clock.scripts_ms(),
             )
     except RedisError:
+        # Still in the queue, where any grant dispatches it: it may run.
+        call.maybe_queued = True
         log.warning(
             "could not take a departed waiter out of the queue; it expires at its deadline",
             exc_info=True,

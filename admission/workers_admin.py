@@ -110,7 +110,7 @@ class WorkerPolicyOverrideInline(PolicyOverrideInline):
 class ForgetsPolicyOnSave(admin.ModelAdmin):
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         super().save_related(request, form, formsets, change)
-        # This process sees an override change at once; every other one within POLICY_CACHE_S.
+        # The save bumps the policy version: every process has the change from its next call.
         forget_cached_policy()
 
 

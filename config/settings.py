@@ -189,8 +189,6 @@ SLUICE_POLICY_DEFAULTS = {
     ),
     "WORKSPACE_TOOLS_RATE_LIMIT": env_str("WORKSPACE_TOOLS_RATE_LIMIT", "120/30s"),
 }
-# How long an API process trusts its cached copy of the policy row.
-POLICY_CACHE_S = 1.0
 ISOLATION_KEY_SECRET = env_str(
     "ISOLATION_KEY_SECRET",
     hashlib.sha256(b"sluice-isolation-key:" + SECRET_KEY.encode()).hexdigest(),

@@ -27,8 +27,6 @@ from fuzz.sandbox import LANE, WORKSPACE_ID
 EXECUTE = "/v1/workspace-tools/execute"
 REGISTER = "/v1/workers/register"
 REQUESTS = "/v1/workspace-tools/requests"
-# A policy change reaches every API process within its cache time (settings.POLICY_CACHE_S).
-POLICY_SETTLE_S = 1.4
 WAIT_HEADER = "X-LibreChat-Workspace-Queue-Wait-Ms"
 WORKER_HEADER = "X-LibreChat-Code-Worker-ID"
 REQUEST_HEADER = "X-LibreChat-Workspace-Request-Id"
@@ -91,13 +89,11 @@ def policy(changes: dict[str, str]) -> Iterator[None]:
         "WORKER_QUEUE_LIMIT": str(row.worker_queue_limit),
         "WORKSPACE_TOOLS_RATE_LIMIT": str(row.rate_limit),
     }
-    policy_update(changes)
-    time.sleep(POLICY_SETTLE_S)
+    policy_update(changes)  # live on every API process from its next call (the version bump)
     try:
         yield
     finally:
         policy_update({k: before[k] for k in changes})
-        time.sleep(POLICY_SETTLE_S)
 
 
 @dataclass

@@ -48,6 +48,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     }
 
 
+# Fixtures that start real API processes (uvicorn) or workers (runworker): a test using one is
+# end-to-end, whatever its module says. (The last two are module fixtures of their own: the
+# edge server of tests/config/test_request_edges.py, the stack of the Postgres-outage test.)
+LIVE_FIXTURES = frozenset({"api_servers", "api", "worker_factory", "edge_server", "outage_stack"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # tryfirst: before `-m` deselects by marker.
+    for item in items:
+        if LIVE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before any fixture of the test starts: livesupport refuses to start uvicorn or runworker
+    # for a test that is not marked e2e (a marker bug the unit tier would otherwise hide).
+    import livesupport
+
+    livesupport.current_test_e2e = item.get_closest_marker("e2e") is not None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     try:
         client = redis.Redis.from_url(settings.REDIS_URL)
@@ -61,6 +84,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def django_db_modify_db_settings() -> None:
     # A database of this run's own: concurrent runs on one machine never share (or drop) it.
     settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_sluice_{os.getpid()}"
+
+
+@pytest.fixture(autouse=True)
+def _policy_follows_the_database() -> None:
+    """The last test's flush emptied the policy tables behind every policy cache's back (a
+    flush sends no signal): bump the version, so this process and the session's API
+    processes reload the policy on their next call, as after any change."""
+    from admission.policy import policy_changed
+
+    policy_changed()
 
 
 @pytest.fixture

@@ -39,12 +39,26 @@ def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
+# Whether the running test is marked e2e (tests/conftest.py sets it before each test's setup;
+# None outside pytest: benchmarks, the fuzzer and the soak use these processes too). The unit
+# tier (`-m "not e2e"`) is everything that starts none of LIVE_COMMANDS: a test that does and
+# is not marked fails at once, naming the marker it lacks.
+current_test_e2e: bool | None = None
+LIVE_COMMANDS = frozenset({"uvicorn", "runworker", "drain_completions", "scripts.dev"})
+
+
 class Process:
     """A child process whose output is collected line by line (and can be waited on)."""
 
     def __init__(
         self, args: list[str], env: dict[str, str], name: str, *, cwd: Path = ROOT
     ) -> None:
+        live = LIVE_COMMANDS.intersection(args)
+        if live and current_test_e2e is False:
+            raise AssertionError(
+                f"this test starts {', '.join(sorted(live))} but is not marked e2e "
+                "(add pytest.mark.e2e: the unit tier starts no uvicorn and no runworker)"
+            )
         self.args, self.env, self.name = args, env, name
         self.lines: list[str] = []
         self._new: queue.Queue[str] = queue.Queue()
@@ -260,6 +274,25 @@ class Worker:
     def kill(self) -> None:
         if self.process is not None:
             self.process.kill_group()
+
+
+def run_command(*args: str) -> subprocess.CompletedProcess[str]:
+    """`manage.py ARGS` through manage.py's own entry (execute_from_command_line) in this
+    process, on the test database: the same parsing, output and exit status as the command
+    run by hand, without a new interpreter (on this machine one takes 5-12 s to start Django).
+    A command whose point is how a fresh process reads its environment still runs as one."""
+    import io
+
+    from django.core.management import execute_from_command_line
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            execute_from_command_line(["manage.py", *args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess(["manage.py", *args], code, out.getvalue(), err.getvalue())
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -61,6 +61,7 @@ def test_healthz_is_200_with_both_services_ok(api: Any) -> None:
     assert response.json() == {"database": "ok", "redis": "ok"}
 
 
+@pytest.mark.e2e
 def test_healthz_is_503_naming_redis_while_redis_is_down_and_200_once_it_is_back(
     live_env: dict[str, str], throwaway_redis: ThrowawayRedis
 ) -> None:

@@ -1,4 +1,5 @@
-"""The admission policy: seeded from the environment, changed with `set_policy`, live in 2 s.
+"""The admission policy: seeded from the environment, changed with `set_policy`, live on every
+API process from its next call (a version bump in Django's cache, admission/policy.py).
 
 Commands run as real `manage.py` processes on the test database, so exit codes and stderr are
 what an operator sees. The tables are flushed after each test, which also resets the policy
@@ -10,12 +11,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 import httpx
 import pytest
-from livesupport import ROOT, git_workspace
+from livesupport import ROOT, git_workspace, run_command
 from sluice_protocol import OPERATIONS
 
 from admission.models import AdmissionPolicy
@@ -131,7 +131,7 @@ def test_set_policy_refuses_a_bad_assignment_with_one_line_and_a_nonzero_exit(
     live_env: dict[str, str], transactional_db: None, assignments: list[str], named: str
 ) -> None:
     before = stored_after_seeding()
-    done = manage(live_env, "set_policy", *assignments)
+    done = run_command("set_policy", *assignments)
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -143,9 +143,7 @@ def test_set_policy_refuses_a_bad_assignment_with_one_line_and_a_nonzero_exit(
 def test_set_policy_stores_the_values_and_prints_them_one_per_line(
     live_env: dict[str, str], transactional_db: None
 ) -> None:
-    done = manage(
-        live_env, "set_policy", "WORKER_QUEUE_LIMIT=16", "WORKSPACE_TOOLS_RATE_LIMIT=60/30s"
-    )
+    done = run_command("set_policy", "WORKER_QUEUE_LIMIT=16", "WORKSPACE_TOOLS_RATE_LIMIT=60/30s")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "WORKER_QUEUE_LIMIT=16",
@@ -171,15 +169,7 @@ def rate_limit_seen(http: httpx.Client, account: Any) -> str:
     return response.headers["RateLimit-Limit"]
 
 
-def wait_for_rate_limit(http: httpx.Client, account: Any, expected: str, within_s: float) -> float:
-    started = time.monotonic()
-    while (seen := rate_limit_seen(http, account)) != expected:
-        assert time.monotonic() - started < within_s, f"still {seen} after {within_s} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
-def test_set_policy_reaches_a_second_running_api_process_within_2_s(
+def test_set_policy_reaches_a_second_running_api_process_on_its_next_call(
     api_servers: list[Any],
     api: Any,
     live_env: dict[str, str],
@@ -195,14 +185,16 @@ def test_set_policy_reaches_a_second_running_api_process_within_2_s(
         try:
             done = manage(live_env, "set_policy", "WORKSPACE_TOOLS_RATE_LIMIT=77/30s")
             assert done.returncode == 0, done.stderr
-            assert wait_for_rate_limit(http, owner, "77", within_s=2.0) <= 2.0
-        finally:
-            # Back to the defaults, and wait until both processes see them, so no later test
-            # meets this test's policy in an API process's cache.
-            AdmissionPolicy.objects.all().delete()
-            wait_for_rate_limit(http, owner, "120", within_s=5.0)
+            # Issue 16 asks for "live within 2 s"; the version bump makes it the next call.
+            assert rate_limit_seen(http, owner) == "77"
             with api.client() as first:
-                wait_for_rate_limit(first, owner, "120", within_s=5.0)
+                assert rate_limit_seen(first, owner) == "77"
+        finally:
+            # Back to the defaults (the delete bumps the version too): both processes see them.
+            AdmissionPolicy.objects.all().delete()
+            assert rate_limit_seen(http, owner) == "120"
+            with api.client() as first:
+                assert rate_limit_seen(first, owner) == "120"
 
 
 def test_set_policy_refuses_a_limit_below_an_operation_weight(transactional_db: None) -> None:

@@ -1,25 +1,28 @@
 """Policy overrides per tenant and per worker: the most specific value wins, field by field
-(worker, then tenant, then the global row), set by `set_policy --tenant/--worker` and live
-within 2 s on every API process."""
+(worker, then tenant, then the global row), set by `set_policy --tenant/--worker` and live on
+every API process from its next call (the policy version in Django's cache)."""
 
 from __future__ import annotations
 
-import time
+import asyncio
 from typing import Any
 
-import httpx
 import pytest
-from livesupport import git_workspace
+from django.core.cache import cache
+from livesupport import git_workspace, run_command
 from test_policy import manage, rate_limit_seen
 
 from admission.models import PolicyOverride
 from admission.policy import (
+    VERSION_KEY,
+    apolicy_version,
     forget_cached_policy,
     policy_for,
     policy_override_clear,
     policy_override_update,
     policy_row,
     policy_update,
+    policy_version,
 )
 from admission.ratelimit import RatePolicy
 from workspaces.models import Tenant, Worker
@@ -57,19 +60,46 @@ def test_the_most_specific_value_wins_field_by_field(transactional_db: None) -> 
     assert PolicyOverride.objects.filter(tenant=tenant).count() == 0
 
 
-def test_a_cached_resolution_follows_a_change_after_the_cache_expires(
-    transactional_db: None, settings: Any
+def test_a_cached_resolution_follows_another_process_s_change_on_the_next_call(
+    transactional_db: None,
 ) -> None:
     tenant, worker = tenant_with_worker("acme", "acme-1")
-    settings.POLICY_CACHE_S = 0.2
+    policy_row()  # made from the environment on first use (a save, so a bump of its own)
     forget_cached_policy()
     assert policy_for(worker_id="acme-1", tenant_id=tenant.pk).worker_queue_limit == 32
-    # Written behind this process's back, as another process would.
-    PolicyOverride.objects.create(worker=worker, worker_queue_limit=5)
-    deadline = time.monotonic() + 2
-    while policy_for(worker_id="acme-1", tenant_id=tenant.pk).worker_queue_limit != 5:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    # Another process's change, as this one sees it: a row it did not write (bulk_create sends
+    # no signal, so nothing here forgets its cache) ...
+    PolicyOverride.objects.bulk_create([PolicyOverride(worker=worker, worker_queue_limit=5)])
+    # ... is not seen while the version stands (the cache is not re-read from Postgres) ...
+    assert policy_for(worker_id="acme-1", tenant_id=tenant.pk).worker_queue_limit == 32
+    # ... and is, on the very next call, once that process bumps the version in Django's cache.
+    cache.set(VERSION_KEY, 12345, timeout=60)
+    assert policy_for(worker_id="acme-1", tenant_id=tenant.pk).worker_queue_limit == 5
+
+
+def test_every_write_of_the_policy_bumps_the_version(transactional_db: None) -> None:
+    tenant, worker = tenant_with_worker("acme", "acme-1")
+    seen = [policy_version()]
+
+    def bumped() -> bool:
+        seen.append(policy_version())
+        return seen[-1] != seen[-2]
+
+    policy_update({"WORKER_QUEUE_LIMIT": "31"})
+    assert bumped()
+    policy_override_update(tenant="acme", assignments={"WORKER_QUEUE_LIMIT": "8"})
+    assert bumped()
+    row = PolicyOverride.objects.get(tenant=tenant)
+    row.job_timeout_ms = 60_000
+    row.save()  # as Django admin saves it
+    assert bumped()
+    assert policy_override_clear(tenant="acme") is True
+    assert bumped()
+    PolicyOverride.objects.create(worker=worker, worker_queue_limit=3)
+    worker.delete()  # its override goes with it
+    assert bumped()
+    # The async path reads the same version, with no thread hop.
+    assert asyncio.run(apolicy_version()) == policy_version()
 
 
 def test_an_override_refuses_a_global_only_key_and_bad_values_leaving_it_as_it_was(
@@ -105,7 +135,7 @@ def test_set_policy_with_tenant_or_worker_prints_the_override_and_refuses_in_one
     live_env: dict[str, str], transactional_db: None
 ) -> None:
     tenant_with_worker("acme", "acme-1")
-    done = manage(live_env, "set_policy", "--worker", "acme-1", "WORKSPACE_TOOLS_RATE_LIMIT=9/30s")
+    done = run_command("set_policy", "--worker", "acme-1", "WORKSPACE_TOOLS_RATE_LIMIT=9/30s")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["worker acme-1: WORKSPACE_TOOLS_RATE_LIMIT=9/30s"]
     for args in (
@@ -114,22 +144,14 @@ def test_set_policy_with_tenant_or_worker_prints_the_override_and_refuses_in_one
         ["--tenant", "acme", "--worker", "acme-1", "WORKER_QUEUE_LIMIT=3"],
         ["WORKER_QUEUE_LIMIT="],
     ):
-        refused = manage(live_env, "set_policy", *args)
+        refused = run_command("set_policy", *args)
         assert refused.returncode != 0, args
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert list(PolicyOverride.objects.values_list("rate_limit", flat=True)) == ["9/30s"]
     assert policy_row().worker_queue_limit == 32
 
 
-def wait_for_limit(http: httpx.Client, account: Any, expected: str, within_s: float) -> float:
-    started = time.monotonic()
-    while (seen := rate_limit_seen(http, account)) != expected:
-        assert time.monotonic() - started < within_s, f"still {seen} after {within_s} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
-def test_overrides_reach_a_second_api_process_within_2_s_and_only_their_target(
+def test_overrides_reach_a_second_api_process_on_its_next_call_and_only_their_target(
     api_servers: list[Any],
     api: Any,
     live_env: dict[str, str],
@@ -152,7 +174,8 @@ def test_overrides_reach_a_second_api_process_within_2_s_and_only_their_target(
                 "WORKSPACE_TOOLS_RATE_LIMIT=77/30s",
             )
             assert done.returncode == 0, done.stderr
-            assert wait_for_limit(http, owner, "77", within_s=2.0) <= 2.0
+            # Live on the next call (issue 16 asks for within 2 s).
+            assert rate_limit_seen(http, owner) == "77"
             assert rate_limit_seen(http, outsider) == "120"
             done = manage(
                 live_env,
@@ -162,10 +185,12 @@ def test_overrides_reach_a_second_api_process_within_2_s_and_only_their_target(
                 "WORKSPACE_TOOLS_RATE_LIMIT=55/30s",
             )
             assert done.returncode == 0, done.stderr
-            assert wait_for_limit(http, owner, "55", within_s=2.0) <= 2.0
-        finally:
-            # No later test may meet these overrides in an API process's cache.
-            PolicyOverride.objects.all().delete()
-            wait_for_limit(http, owner, "120", within_s=5.0)
+            assert rate_limit_seen(http, owner) == "55"
             with api.client() as first:
-                wait_for_limit(first, owner, "120", within_s=5.0)
+                assert rate_limit_seen(first, owner) == "55"
+        finally:
+            # The deletes bump the version: neither process keeps these overrides.
+            PolicyOverride.objects.all().delete()
+            assert rate_limit_seen(http, owner) == "120"
+            with api.client() as first:
+                assert rate_limit_seen(first, owner) == "120"

@@ -1,9 +1,9 @@
 """The workspace rate limit end to end (CONTRACT §3): real API processes, workers and Redis.
 
-Policies are changed in the test database and reach the API processes through their policy
-cache (settings.POLICY_CACHE_S), so every change is followed by a short wait. The test database
-is flushed after each test, which puts the policy back to the environment's defaults; the
-module fixture waits once more at the end so the next module does not see a stale limit.
+Policies are changed in the test database; the save bumps the policy version, so every API
+process has the change from its next call. The test database is flushed after each test, which
+puts the policy back to the environment's defaults (and tests/conftest.py bumps the version
+before each test, since a flush sends no signal).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,33 +27,18 @@ from livesupport import ApiServer, free_port, git_workspace, start_api
 from test_admission_capacity import held
 
 from admission.models import CompletionLog
-from admission.policy import forget_cached_policy, policy_row, policy_update
+from admission.policy import policy_row, policy_update
 from admission.queue import worker_keys
 from workspaces.models import ApiKey, Principal
 from workspaces.secrets import API_KEY_PREFIX, new_secret
 
-# A policy change is live in every API process at most POLICY_CACHE_S after it is saved.
-POLICY_SETTLE_S = settings.POLICY_CACHE_S + 0.3
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 MESSAGE_RE = re.compile(r".* retry in (?P<n>[0-9]+) seconds\.")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _api_caches_forget_this_modules_policies() -> Iterator[None]:
-    yield
-    # The last test's flush removed its policy row; let the API processes' caches expire so the
-    # next module's tests see the defaults again.
-    time.sleep(POLICY_SETTLE_S)
-
-
-def change_policy(changes: dict[str, str]) -> float:
-    """Store the change; returns the monotonic moment every API process is sure to see it."""
-    policy_update(changes)
-    return time.monotonic() + POLICY_SETTLE_S
-
-
 def apply_policy(changes: dict[str, str]) -> None:
-    sleep_until(change_policy(changes))
+    """Store the change; every API process has it from its next call."""
+    policy_update(changes)
 
 
 def call_headers(
@@ -139,9 +123,8 @@ def test_50_concurrent_calls_across_two_api_processes_let_exactly_10_through(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    sleep_until(live_at)
 
     responses = burst(api_servers, call_headers(owner), read("a"), threads=10, each=5)
 
@@ -165,9 +148,8 @@ def test_two_api_keys_of_one_user_share_a_budget_and_a_second_user_has_their_own
     owner = account_factory()
     member = account_factory(tenant=owner.tenant, user="member")
     owner_second_key = second_api_key(owner)
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    sleep_until(live_at)
     first, second = api_servers
 
     by_first_key = [post(first, call_headers(owner), read("a")) for _ in range(6)]
@@ -192,9 +174,8 @@ def test_the_call_passes_after_retry_after_seconds_and_not_just_before(
 ):
     owner = account_factory()
     # One unit every 2 s: the burst's first unit is back exactly 2 s after it was taken.
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "2/4s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "2/4s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
-    sleep_until(live_at)
     first, second = api_servers
 
     burst_started = time.monotonic()
@@ -226,10 +207,8 @@ def test_an_execute_command_of_weight_5_passes_twice_under_10_per_30s(
     row.operation_weights = {**row.operation_weights, "execute_command": 5}
     row.full_clean()
     row.save()
-    forget_cached_policy()
-    live_at = time.monotonic() + POLICY_SETTLE_S
+    # row.save() bumps the policy version: every API process reloads on its next call.
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    sleep_until(live_at)
 
     responses = burst(api_servers, call_headers(owner), command("a", "echo hi"), threads=6, each=1)
 
@@ -251,9 +230,8 @@ def test_a_limited_call_leaves_a_rate_limited_completion_row(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "1/30s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "1/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
-    sleep_until(live_at)
     ok_id, limited_id = "ratelimit-e2e-allowed-01", "ratelimit-e2e-limited-01"
 
     allowed = post(
@@ -288,9 +266,8 @@ def test_a_refused_call_never_touches_the_workers_queue(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "3/30s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "3/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    sleep_until(live_at)
     before = ticket_counter(owner.worker_id)
 
     allowed = [post(api, call_headers(owner), read("a")) for _ in range(3)]
@@ -304,6 +281,7 @@ def test_a_refused_call_never_touches_the_workers_queue(
     assert held(owner.worker_id) == []
 
 
+@pytest.mark.e2e
 def test_with_redis_down_the_endpoint_answers_a_typed_503_not_a_500_or_a_pass(
     live_env, account_factory
 ):
@@ -384,9 +362,7 @@ def test_set_policy_enabled_off_lets_15_calls_through_under_10_per_30s(
         stdout=out,
     )
     assert "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED=off" in out.getvalue()
-    live_at = time.monotonic() + POLICY_SETTLE_S
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    sleep_until(live_at)
 
     responses = burst(api_servers, call_headers(owner), read("a"), threads=5, each=3)
     assert [r.status_code for r in responses] == [200] * 15, [r.text for r in responses]
@@ -403,9 +379,8 @@ def test_a_40_call_burst_is_never_limited_under_the_default_policy(
 ):
     owner = account_factory()
     # The contract's default, set explicitly in case the environment configures another one.
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "120/30s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "120/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=4)
-    sleep_until(live_at)
 
     responses = burst(api_servers, call_headers(owner), read("a"), threads=10, each=4)
 
@@ -423,9 +398,8 @@ def test_a_rate_limited_call_can_be_resent_with_its_request_id_after_the_wait(
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "1/1s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "1/1s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
-    sleep_until(live_at)
     named = call_headers(owner) | {"X-LibreChat-Workspace-Request-Id": "ratelimit-e2e-resend-01"}
 
     assert post(api, call_headers(owner), read("a")).status_code == 200
@@ -440,9 +414,8 @@ def test_a_rate_limited_duplicate_request_id_leaves_the_waiting_call_cancellable
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "2/30s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "2/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
-    sleep_until(live_at)
     marker = tmp_path / "never"
     waiting_id = "ratelimit-e2e-waiting-01"
     named = call_headers(owner) | {"X-LibreChat-Workspace-Request-Id": waiting_id}
@@ -466,9 +439,8 @@ def test_an_allowed_call_that_the_worker_refuses_still_carries_the_budget_header
     api_servers, api, account_factory, worker_factory, tmp_path
 ):
     owner = account_factory()
-    live_at = change_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
+    apply_policy({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")})
-    sleep_until(live_at)
 
     missing = post(api, call_headers(owner), read("a", "no-such-file.txt"))
     assert (missing.status_code, missing.json()["code"]) == (422, "NOT_FOUND"), missing.text

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +23,6 @@ from admission.queue import SyncQueue
 
 REQUEST_ID_HEADER = "X-LibreChat-Workspace-Request-Id"
 QUEUE_WAIT_HEADER = "X-LibreChat-Workspace-Queue-Wait-Ms"
-# A policy change is live in every API process at most POLICY_CACHE_S after it is saved.
-POLICY_SETTLE_S = settings.POLICY_CACHE_S + 0.3
 
 
 @dataclass
@@ -180,11 +177,12 @@ def held() -> Callable[[str], list[dict[str, Any]]]:
 
 @pytest.fixture
 def apply_policy(transactional_db: None) -> Iterator[Callable[[dict[str, str]], None]]:
-    """Change the admission policy and wait until every API process has it.
+    """Change the admission policy; every API process has it from its next call (the save
+    bumps the policy version).
 
-    On teardown the row goes (the next reader recreates it from the environment) and the
-    wait is repeated, so the next test never meets this test's limits in an API's cache.
-    Requesting transactional_db first makes this teardown run before the database flush.
+    On teardown the row goes (the next reader recreates it from the environment; the delete
+    bumps the version again), so the next test never meets this test's limits in an API's
+    cache. Requesting transactional_db first makes this teardown run before the database flush.
     """
     changed = False
 
@@ -192,12 +190,10 @@ def apply_policy(transactional_db: None) -> Iterator[Callable[[dict[str, str]], 
         nonlocal changed
         policy_update(changes)
         changed = True
-        time.sleep(POLICY_SETTLE_S)
 
     yield apply
     if changed:
         AdmissionPolicy.objects.all().delete()
-        time.sleep(POLICY_SETTLE_S)
 
 
 @pytest.fixture

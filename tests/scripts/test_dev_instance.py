@@ -28,7 +28,7 @@ from django.conf import settings
 from livesupport import PYTHON, ROOT, Process, free_port, wait_until
 from psycopg.conninfo import make_conninfo
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 SERVER_ENV = (
     "DATABASE_URL",

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from livesupport import ROOT, unique
+from livesupport import ROOT, run_command, unique
 
 from workspaces.models import ApiKey, Principal, Tenant, Worker
 
@@ -31,8 +31,9 @@ def manage(
 
 
 def bootstrap(env: dict[str, str], tenant: str, user: str, worker: str) -> dict[str, str]:
-    done = manage(
-        env, "bootstrap", "--tenant", tenant, "--user", user, "--worker", worker, "--json"
+    # In this process (livesupport.run_command): `env` is the test session's own anyway.
+    done = run_command(
+        "bootstrap", "--tenant", tenant, "--user", user, "--worker", worker, "--json"
     )
     assert done.returncode == 0, done.stderr
     # Exactly one line of output, and it is the JSON object.
@@ -144,7 +145,7 @@ def test_bootstrap_refuses_a_worker_id_that_belongs_to_another_tenant(
 ) -> None:
     bootstrap(live_env, names["tenant"], names["user"], names["worker"])
     other = unique("other")
-    taken = manage(live_env, "bootstrap", "--tenant", other, "--worker", names["worker"], "--json")
+    taken = run_command("bootstrap", "--tenant", other, "--worker", names["worker"], "--json")
     assert taken.returncode != 0
     assert "another tenant" in taken.stderr
     assert taken.stdout == ""

@@ -2,8 +2,8 @@
 
 It edits the same rows as the admin pages: the global policy, or with `--tenant T` /
 `--worker W` the override of one tenant or worker (`KEY=` with no value inherits again,
-`--clear` removes the override). Every API process re-reads them within POLICY_CACHE_S, so
-the change is live everywhere within 2 s without a restart (contract §1).
+`--clear` removes the override). The save bumps the policy version in Django's cache, so
+every API process has the change from its next call, without a restart (contract §1).
 """
 
 from __future__ import annotations
