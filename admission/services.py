@@ -475,7 +475,11 @@ async def _admitted_call(
         worker_id=call.worker_id,
         entry_id=call.entry_id,
         key=isolation_key(call.request),
-        queue_budget_ms=queue_ms,
+        # What is left of the allowance, which counts from the request's start (contract
+        # §2.3): time a loaded process spent before this point must not let Redis grant the
+        # call any later (§2.8: no wait past allowance + 1 s). At least 1 ms, so a call that
+        # arrives spent is still granted if its slot is free, and else times out at once.
+        queue_budget_ms=max(1, int((queue_deadline - clock.monotonic()) * 1000)),
         exec_budget_ms=exec_ms,
         queue_limit=policy.worker_queue_limit,
         slot_ceiling=policy.max_lease_slots,

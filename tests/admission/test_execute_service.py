@@ -483,3 +483,42 @@ def test_redis_failing_on_the_enqueue_itself_is_answered_ambiguous(rig: Rig) -> 
     assert (refusal.code, refusal.started) == ("ASSIGNMENT_EXPIRED", None)
     # Its request id stays spent: a resend under it is refused, never run a second time.
     assert rig.sync.get(request_id_key(rig.prefix, call.caller.scope, "on-enqueue-01")) == "done"
+
+
+# ---------------------------------------------------------------------------------------
+# The allowance counts from the request's start
+
+
+def test_time_spent_before_entering_counts_against_the_queue_allowance(rig: Rig) -> None:
+    call = make_call(rig, wait_ms=10_000, request_id="late-entry-01")
+    # The request arrived 7 s ago (a process busy with a burst reached it only now).
+    rig.clock.advance(7.0)
+    entered_at = rig.clock.peek_ms()
+
+    async def scenario(queue: AsyncQueue) -> refusals.Refusal:
+        await hold_the_slot(rig, queue)
+        task = execute(rig, queue, call)
+        await until(lambda: rig.state(call.entry_id) == "w")
+        entry = rig.entry(call.entry_id)
+        assert entry is not None
+        # Redis holds it for the 3 s left, not for a fresh 10 s.
+        assert entry["dl"] == entered_at + 3_000
+        rig.clock.advance(3.0)
+        return await refused(task)
+
+    refusal = run(rig, scenario)
+    assert refusal.code == "WORKSPACE_QUEUE_TIMEOUT" and refusal.started is False
+
+
+def test_a_call_that_arrives_with_its_allowance_spent_still_takes_a_free_slot(rig: Rig) -> None:
+    call = make_call(rig, wait_ms=1, request_id="late-entry-02")
+    rig.clock.advance(0.5)
+
+    async def scenario(queue: AsyncQueue) -> dict[str, Any]:
+        task = execute(rig, queue, call)
+        await until(lambda: call.dispatched or task.done())
+        if not task.done():
+            rig.settle_with_result(call)
+        return await bounded(task)
+
+    assert run(rig, scenario) == RESULT
