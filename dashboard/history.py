@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from django.db.models import Sum
 
+from dashboard.models import QueueDepthSample
 from dashboard.window import TABLE, Window, call_lifetime_ms, fetch_rows
 from workspaces.models import Worker
 
@@ -220,3 +221,29 @@ def callers(window: Window, *, limit: int = 20) -> list[Caller]:
         Caller(r[0], r[1], r[2], r[3], r[4], r[5], r[6], int(r[7]), int(r[8]))
         for r in fetch_rows(sql, window.params() | {"limit": limit})
     ]
+
+
+@dataclass(frozen=True)
+class DepthPoint:
+    t: datetime
+    waiting: int
+    running: int
+
+
+def queue_depth(window: Window) -> dict[str, list[DepthPoint]]:
+    """Per worker and bucket, the most calls waiting and running in any sample of the bucket.
+
+    From the sampler's rows (dashboard/sampler.py), served by `depth_by_time` or, with a worker
+    filter, `depth_by_worker`. A bucket with no sample (the worker was not registered, or no
+    sampler ran) has no point, so the line breaks there.
+    """
+    sql = f"""
+        SELECT worker_id, date_bin(%(step)s, at, {ORIGIN}) AS t, max(waiting), max(running)
+        FROM {QueueDepthSample._meta.db_table}
+        WHERE at >= %(since)s AND at < %(until)s {window.worker_sql}
+        GROUP BY 1, 2 ORDER BY 1, 2
+    """
+    series: dict[str, list[DepthPoint]] = {}
+    for worker_id, t, waiting, running in fetch_rows(sql, window.params()):
+        series.setdefault(worker_id, []).append(DepthPoint(t, waiting, running))
+    return series

@@ -5,6 +5,9 @@ path); this process lands them in Postgres in batches. Run one or more per deplo
 share the work through a consumer group, a row is written at most once, and the rows of a
 drainer that dies are taken over by another after CLAIM_IDLE_MS. Stops on SIGTERM/SIGINT
 after landing what it has read.
+
+The same process samples every worker's queue depth for the dashboard (dashboard/sampler.py,
+a thread): a deployment runs a drainer anyway, and the sampler needs nothing else.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from django.core.management.base import BaseCommand
 
 from admission.completion import CompletionDrainer
 from admission.connections import sync_client
+from dashboard.sampler import QueueDepthSampler
 
 
 class Command(BaseCommand):
@@ -26,12 +30,17 @@ class Command(BaseCommand):
         # The stream lives on the admission Redis (a cluster node, when that is a cluster).
         drainer = CompletionDrainer(sync_client(decode_responses=True, socket_connect_timeout=2))
 
+        sampler = QueueDepthSampler()
+
         def stop(signum: int, frame: Any) -> None:
             drainer.stop()
+            sampler.stop()
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         sys.stdout.write(f"completion drainer {drainer.consumer} running\n")
         sys.stdout.flush()
+        sampler.start()
         drainer.run()
+        sampler.join(timeout=10)
         sys.stdout.write("completion drainer stopped\n")
