@@ -97,24 +97,34 @@ _TIMEOUTS_SQL = f"""
         ORDER BY created_at DESC
         LIMIT %(limit)s
     )
+    -- Which calls held a slot while each one waited: from completion_holders alone (an
+    -- index-only scan over one call lifetime of the worker's calls) ...
+    , m AS (
+        SELECT t.id AS tid, h.id AS hid
+        FROM t JOIN LATERAL (
+            SELECT h.id FROM {TABLE} h
+            WHERE h.worker_id = t.worker_id
+              AND h.created_at >= t.created_at - %(lookback)s AND h.created_at < t.gave_up_at
+              AND h.slot_index IS NOT NULL AND h.id <> t.id
+              AND h.created_at + h.queue_wait_ms * INTERVAL '1 millisecond' < t.gave_up_at
+              AND h.created_at + (h.queue_wait_ms + coalesce(h.exec_ms, 0))
+                  * INTERVAL '1 millisecond' > t.created_at
+            -- A fence: without it the planner merges every timeout with all of the worker's
+            -- calls (measured: 18 s) instead of one index range per timeout.
+            OFFSET 0
+        ) h ON true
+    )
+    -- ... and only those are read from the table.
     SELECT t.request_id, t.created_at, t.worker_id, t.workspace_id, t.worktree, t.isolation_key_hash,
            t.operation, t.queue_wait_ms,
            h.request_id, h.workspace_id, h.worktree, h.isolation_key_hash, h.operation, h.slot_index,
-           h.admitted_at, h.ended_at, h.http_status, h.code
+           h.created_at + h.queue_wait_ms * INTERVAL '1 millisecond' AS admitted_at,
+           h.created_at + (h.queue_wait_ms + coalesce(h.exec_ms, 0)) * INTERVAL '1 millisecond',
+           h.http_status, h.code
     FROM t
-    LEFT JOIN LATERAL (
-        SELECT h.request_id, h.workspace_id, h.worktree, h.isolation_key_hash, h.operation,
-               h.slot_index, h.http_status, h.code,
-               h.created_at + h.queue_wait_ms * INTERVAL '1 millisecond' AS admitted_at,
-               h.created_at + (h.queue_wait_ms + coalesce(h.exec_ms, 0)) * INTERVAL '1 millisecond'
-                   AS ended_at
-        FROM {TABLE} h
-        -- The index range: a holder arrived at most one call lifetime before, and before the end.
-        WHERE h.worker_id = t.worker_id
-          AND h.created_at >= t.created_at - %(lookback)s AND h.created_at < t.gave_up_at
-          AND h.slot_index IS NOT NULL AND h.id <> t.id
-    ) h ON h.admitted_at < t.gave_up_at AND h.ended_at > t.created_at
-    ORDER BY t.created_at DESC, h.slot_index, h.admitted_at
+    LEFT JOIN m ON m.tid = t.id
+    LEFT JOIN {TABLE} h ON h.id = m.hid
+    ORDER BY t.created_at DESC, h.slot_index, admitted_at
 """
 
 

@@ -26,12 +26,21 @@ from django.utils import timezone
 
 from dashboard.events import worker_event_record
 from dashboard.live import live_cards
-from dashboard.models import QueueDepthSample, WorkerEvent
+from dashboard.models import (
+    CallerBucket,
+    FailureBucket,
+    KeyBucket,
+    QueueDepthSample,
+    SeriesBucket,
+    WorkerEvent,
+)
+from dashboard.rollup import Rollup
 from workspaces.models import Worker
 
 log = logging.getLogger("sluice.dashboard.sampler")
 
 SAMPLE_PERIOD_S = 5.0
+# Also pruned here: the rollup's buckets (dashboard/rollup.py), recomputed by the same tick.
 PRUNE_PERIOD_S = 3600.0
 PRUNE_BATCH = 5_000
 
@@ -65,14 +74,23 @@ def queue_depth_sample(*, now: datetime, client: Any = None) -> int:
 
 
 def dashboard_prune(*, older_than_days: int, now: datetime, batch_size: int = PRUNE_BATCH) -> int:
-    """Delete samples and worker events past retention, oldest first, in batches; rows deleted."""
+    """Delete samples, worker events and rollup buckets past retention, oldest first, in
+    batches; rows deleted."""
     cutoff = now - timedelta(days=older_than_days)
     deleted = 0
-    for model in (QueueDepthSample, WorkerEvent):
+    tables: list[tuple[Any, str]] = [
+        (QueueDepthSample, "at"),
+        (WorkerEvent, "at"),
+        (SeriesBucket, "start"),
+        (FailureBucket, "start"),
+        (CallerBucket, "start"),
+        (KeyBucket, "start"),
+    ]
+    for model, column in tables:
         while True:
             batch = list(
-                model.objects.filter(at__lt=cutoff)
-                .order_by("at")
+                model.objects.filter(**{f"{column}__lt": cutoff})
+                .order_by(column)
                 .values_list("pk", flat=True)[:batch_size]
             )
             if not batch:
@@ -83,7 +101,8 @@ def dashboard_prune(*, older_than_days: int, now: datetime, batch_size: int = PR
 
 
 class QueueDepthSampler(threading.Thread):
-    """Samples every `period_s` until stopped; prunes every `prune_period_s`."""
+    """Samples every `period_s` until stopped; prunes every `prune_period_s`. Given the
+    drainer's `Rollup`, each tick also recomputes the rollup buckets that are due."""
 
     def __init__(
         self,
@@ -92,8 +111,10 @@ class QueueDepthSampler(threading.Thread):
         prune_period_s: float = PRUNE_PERIOD_S,
         clock: Callable[[], datetime] = timezone.now,
         client: Any = None,
+        rollup: Rollup | None = None,
     ) -> None:
         super().__init__(name="queue-depth-sampler", daemon=True)
+        self.rollup = rollup
         self.period_s = period_s
         self.prune_period_s = prune_period_s
         self.clock = clock
@@ -103,7 +124,13 @@ class QueueDepthSampler(threading.Thread):
 
     def tick(self) -> None:
         close_old_connections()
-        queue_depth_sample(now=self.clock(), client=self.client)
+        now = self.clock()
+        try:
+            queue_depth_sample(now=now, client=self.client)
+        finally:
+            # Postgres alone: it goes on while Redis is away.
+            if self.rollup is not None:
+                self.rollup.tick(now=now)
         self.ticks += 1
 
     def run(self) -> None:

@@ -6,8 +6,9 @@ share the work through a consumer group, a row is written at most once, and the 
 drainer that dies are taken over by another after CLAIM_IDLE_MS. Stops on SIGTERM/SIGINT
 after landing what it has read.
 
-The same process samples every worker's queue depth for the dashboard (dashboard/sampler.py,
-a thread): a deployment runs a drainer anyway, and the sampler needs nothing else.
+The same process samples every worker's queue depth for the dashboard and keeps its 10-minute
+rollup of the log (dashboard/sampler.py, dashboard/rollup.py, one thread): a deployment runs a
+drainer anyway, and it is the one that knows which buckets its batches touched.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from django.core.management.base import BaseCommand
 
 from admission.completion import CompletionDrainer
 from admission.connections import sync_client
+from dashboard.rollup import Rollup
 from dashboard.sampler import QueueDepthSampler
 
 
@@ -28,9 +30,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         # The stream lives on the admission Redis (a cluster node, when that is a cluster).
-        drainer = CompletionDrainer(sync_client(decode_responses=True, socket_connect_timeout=2))
+        rollup = Rollup()
+        drainer = CompletionDrainer(
+            sync_client(decode_responses=True, socket_connect_timeout=2),
+            on_landed=rollup.rows_landed,
+        )
 
-        sampler = QueueDepthSampler()
+        sampler = QueueDepthSampler(rollup=rollup)
 
         def stop(signum: int, frame: Any) -> None:
             drainer.stop()
