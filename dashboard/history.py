@@ -18,6 +18,7 @@ from django.db.models import Sum
 
 from dashboard.models import (
     CallerBucket,
+    DepthBucket,
     FailureBucket,
     KeyBucket,
     QueueDepthSample,
@@ -308,14 +309,19 @@ def queue_depth(window: Window) -> dict[str, list[DepthPoint]]:
     """Per worker and bucket, the most calls waiting and running in any sample of the bucket.
 
     From the sampler's rows (dashboard/sampler.py), served by `depth_by_time` or, with a worker
-    filter, `depth_by_worker`. A bucket with no sample (the worker was not registered, or no
+    filter, `depth_by_worker`; a 24 h window's whole buckets from their rollup (DepthBucket). A bucket with no sample (the worker was not registered, or no
     sampler ran) has no point, so the line breaks there.
     """
     sql = f"""
         SELECT worker_id, date_bin(%(step)s, at, {ORIGIN}) AS t, max(waiting), max(running)
         FROM {QueueDepthSample._meta.db_table}
-        WHERE at >= %(since)s AND at < %(until)s {window.worker_sql}
-        GROUP BY 1, 2 ORDER BY 1, 2
+        WHERE ((at >= %(since)s AND at < %(r0)s) OR (at >= %(r1)s AND at < %(until)s))
+          {window.worker_sql}
+        GROUP BY 1, 2
+        UNION ALL
+        SELECT worker_id, start, waiting, running FROM {DepthBucket._meta.db_table}
+        WHERE start >= %(r0)s AND start < %(r1)s {window.rollup_worker_sql}
+        ORDER BY 1, 2
     """
     series: dict[str, list[DepthPoint]] = {}
     for worker_id, t, waiting, running in fetch_rows(sql, window.params()):

@@ -145,6 +145,23 @@ class KeyBucket(models.Model):
         return f"{self.worker_id} {self.start:%Y-%m-%d %H:%M}"
 
 
+class DepthBucket(models.Model):
+    """The most calls waiting and running in any queue-depth sample of the bucket."""
+
+    start = models.DateTimeField()
+    worker_id = models.CharField(max_length=128)
+    waiting = models.PositiveIntegerField()
+    running = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["start", "worker_id"], name="depth_bucket_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} {self.start:%Y-%m-%d %H:%M}"
+
+
 class RollupMark(models.Model):
     """One row: every bucket that ends at or before `complete_until` has been rolled up."""
 

@@ -33,7 +33,15 @@ from typing import Any
 from django.db import connection, transaction
 
 from dashboard import history
-from dashboard.models import CallerBucket, FailureBucket, KeyBucket, RollupMark, SeriesBucket
+from dashboard.models import (
+    CallerBucket,
+    DepthBucket,
+    FailureBucket,
+    KeyBucket,
+    QueueDepthSample,
+    RollupMark,
+    SeriesBucket,
+)
 from dashboard.window import (
     MAX_BUCKETS,
     ROLLUP_STEP,
@@ -184,6 +192,24 @@ def _workers_with_rows(starts: list[datetime]) -> set[tuple[datetime, str]]:
         return {(t, w) for t, w in cursor.fetchall()}
 
 
+_DEPTH_SQL = f"""
+    INSERT INTO {DepthBucket._meta.db_table} (start, worker_id, waiting, running)
+    SELECT date_bin(%(step)s, at, {history.ORIGIN}), worker_id, max(waiting), max(running)
+    FROM {QueueDepthSample._meta.db_table}
+    WHERE at >= %(since)s AND at < %(until)s
+    GROUP BY 1, 2
+    ON CONFLICT (start, worker_id)
+        DO UPDATE SET waiting = excluded.waiting, running = excluded.running
+"""
+
+
+def depth_recompute(*, since: datetime, until: datetime) -> None:
+    """Roll the queue-depth samples of [since, until) (whole buckets) up, every worker."""
+    params: dict[str, Any] = {"step": ROLLUP_STEP, "since": since, "until": until}
+    with connection.cursor() as cursor:
+        cursor.execute(_DEPTH_SQL, params)
+
+
 class Rollup:
     """The drainer announces landed rows; the sampler's tick recomputes complete buckets."""
 
@@ -210,11 +236,14 @@ class Rollup:
             due |= _workers_with_rows(
                 [since + ROLLUP_STEP * i for i in range(int(REBUILD_ON_START / ROLLUP_STEP))]
             )
+            depth_recompute(since=since, until=complete_until)
         elif mark is None or mark < complete_until:
             # Buckets completed since the last tick, and the one before: rows other processes
-            # wrote there (see the module docstring).
+            # wrote there (see the module docstring). Samples are written as they are taken,
+            # so a complete bucket's samples are final (give or take another sampler's tick).
             newest = complete_until - ROLLUP_STEP
             due |= _workers_with_rows([newest - ROLLUP_STEP, newest])
+            depth_recompute(since=newest - ROLLUP_STEP, until=complete_until)
         try:
             done = rollup_recompute(due)
         except Exception:

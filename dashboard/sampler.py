@@ -28,6 +28,7 @@ from dashboard.events import worker_event_record
 from dashboard.live import live_cards
 from dashboard.models import (
     CallerBucket,
+    DepthBucket,
     FailureBucket,
     KeyBucket,
     QueueDepthSample,
@@ -85,6 +86,7 @@ def dashboard_prune(*, older_than_days: int, now: datetime, batch_size: int = PR
         (FailureBucket, "start"),
         (CallerBucket, "start"),
         (KeyBucket, "start"),
+        (DepthBucket, "start"),
     ]
     for model, column in tables:
         while True:

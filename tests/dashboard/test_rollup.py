@@ -15,7 +15,7 @@ import pytest
 from admission.completion import CompletionDrainer
 from admission.models import CompletionLog
 from dashboard import history
-from dashboard.models import SeriesBucket
+from dashboard.models import DepthBucket, QueueDepthSample, SeriesBucket
 from dashboard.rollup import Rollup, touched_buckets
 from dashboard.window import ROLLUP_STEP, Window
 
@@ -169,3 +169,19 @@ def test_the_drainer_tells_the_rollup_what_it_landed(settings: Any) -> None:
     finally:
         client.delete(stream_key())
         client.close()
+
+
+def test_a_rolled_up_24h_queue_depth_chart_is_the_samples_chart() -> None:
+    rng = random.Random(5)
+    QueueDepthSample.objects.bulk_create(
+        QueueDepthSample(
+            at=T0 + timedelta(seconds=s), worker_id=w, waiting=rng.randrange(9), running=1
+        )
+        for s in range(0, int((UNTIL - T0).total_seconds()), 45)
+        for w in ("w1", "w2")
+    )
+    expected = [history.queue_depth(w) for w in windows(raw=True)]
+    Rollup().tick(now=UNTIL)
+    assert [history.queue_depth(w) for w in windows(raw=False)] == expected
+    # Every complete bucket of each worker: the one UNTIL falls in is still open.
+    assert DepthBucket.objects.count() == 2 * 144
