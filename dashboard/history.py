@@ -21,10 +21,11 @@ from dashboard.models import (
     DepthBucket,
     FailureBucket,
     KeyBucket,
+    KeyHour,
     QueueDepthSample,
     SeriesBucket,
 )
-from dashboard.window import TABLE, Window, call_lifetime_ms, fetch_rows
+from dashboard.window import TABLE, Window, bucket_floor, call_lifetime_ms, fetch_rows
 from workspaces.models import Worker
 
 # Outcome categories of the stacked chart, bottom to top, with what each means.
@@ -53,6 +54,7 @@ SERIES = SeriesBucket._meta.db_table
 FAILURES = FailureBucket._meta.db_table
 CALLERS = CallerBucket._meta.db_table
 KEYS = KeyBucket._meta.db_table
+KEY_HOURS = KeyHour._meta.db_table
 # Series rows for all workers carry worker_id "".
 _SERIES_WORKER = "worker_id = %(worker)s"
 
@@ -186,7 +188,13 @@ def top_contended(
             SELECT worker_id, workspace_id, isolation_key_hash, calls, total_wait_ms,
                    max_wait_ms, timeouts
             FROM {KEYS}
-            WHERE start >= %(r0)s AND start < %(r1)s {window.rollup_worker_sql}
+            WHERE ((start >= %(r0)s AND start < %(h0)s) OR (start >= %(h1)s AND start < %(r1)s))
+              {window.rollup_worker_sql}
+            UNION ALL
+            SELECT worker_id, workspace_id, isolation_key_hash, calls, total_wait_ms,
+                   max_wait_ms, timeouts
+            FROM {KEY_HOURS}
+            WHERE start >= %(h0)s AND start < %(h1)s {window.rollup_worker_sql}
         ), g AS (
             SELECT worker_id, {workspace} AS workspace_id, {key} AS key_hash, sum(calls) AS calls,
                    sum(total_wait) AS total_wait, max(max_wait) AS max_wait,
@@ -201,7 +209,16 @@ def top_contended(
         SELECT worker_id, workspace_id, key_hash, calls, total_wait, max_wait, timeouts, by_wait, by_timeouts
         FROM r WHERE by_wait <= %(limit)s OR (by_timeouts <= %(limit)s AND timeouts > 0)
     """
-    rows = fetch_rows(sql, window.params() | {"limit": limit})
+    params = window.params()
+    # Whole hours of the rolled-up range come from KeyHour, the rest from KeyBucket.
+    hour = timedelta(hours=1)
+    h0, h1 = (
+        bucket_floor(params["r0"] + hour - timedelta(microseconds=1), hour),
+        bucket_floor(params["r1"], hour),
+    )
+    if h1 <= h0:
+        h0 = h1 = params["r1"]
+    rows = fetch_rows(sql, params | {"limit": limit, "h0": h0, "h1": h1})
     items = [
         (Contended(r[0], r[1], r[2], int(r[3]), int(r[4]), int(r[5]), int(r[6])), r[7], r[8])
         for r in rows

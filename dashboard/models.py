@@ -145,6 +145,26 @@ class KeyBucket(models.Model):
         return f"{self.worker_id} {self.start:%Y-%m-%d %H:%M}"
 
 
+class KeyHour(models.Model):
+    """KeyBucket by the hour: a 24 h window's top keys read ~4x fewer rows (one per key and
+    hour rather than per key and 10 minutes). Recomputed with each of its 10-minute buckets."""
+
+    start = models.DateTimeField()
+    worker_id = models.CharField(max_length=128)
+    workspace_id = models.CharField(max_length=128, blank=True)
+    isolation_key_hash = models.CharField(max_length=64, blank=True)
+    calls = models.PositiveIntegerField()
+    total_wait_ms = models.BigIntegerField()
+    max_wait_ms = models.BigIntegerField()
+    timeouts = models.PositiveIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["start", "worker_id"], name="key_hour_by_time")]
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} {self.start:%Y-%m-%d %H:00}"
+
+
 class DepthBucket(models.Model):
     """The most calls waiting and running in any queue-depth sample of the bucket."""
 

@@ -38,6 +38,7 @@ from dashboard.models import (
     DepthBucket,
     FailureBucket,
     KeyBucket,
+    KeyHour,
     QueueDepthSample,
     RollupMark,
     SeriesBucket,
@@ -93,7 +94,7 @@ def _series(start: datetime, worker_id: str) -> SeriesBucket:
     )
 
 
-_TABLES_SQL: dict[Any, str] = {
+_TABLES_SQL: dict[Any, str] = {  # KeyBucket's is _KEYS_SQL, shared with KeyHour
     FailureBucket: f"""
         INSERT INTO {FailureBucket._meta.db_table}
             (start, worker_id, http_status, code, operation, calls)
@@ -113,7 +114,7 @@ _TABLES_SQL: dict[Any, str] = {
         GROUP BY 2, 3, 4
     """,
     KeyBucket: f"""
-        INSERT INTO {KeyBucket._meta.db_table}
+        INSERT INTO {{table}}
             (start, worker_id, workspace_id, isolation_key_hash, calls, total_wait_ms,
              max_wait_ms, timeouts)
         SELECT %(since)s, worker_id, max(workspace_id), isolation_key_hash, count(*),
@@ -125,6 +126,19 @@ _TABLES_SQL: dict[Any, str] = {
         GROUP BY 2, 4
     """,
 }
+
+
+_KEYS_SQL = _TABLES_SQL[KeyBucket]
+HOUR = timedelta(hours=1)
+
+
+def _key_hours(hours: set[tuple[datetime, str]]) -> None:
+    for start, worker_id in sorted(hours):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK])
+            KeyHour.objects.filter(start=start, worker_id=worker_id).delete()
+            params: dict[str, Any] = {"since": start, "until": start + HOUR, "worker": worker_id}
+            cursor.execute(_KEYS_SQL.format(table=KeyHour._meta.db_table), params)
 
 
 def rollup_recompute(buckets: Iterable[tuple[datetime, str]]) -> int:
@@ -147,7 +161,8 @@ def rollup_recompute(buckets: Iterable[tuple[datetime, str]]) -> int:
                 with connection.cursor() as cursor:
                     for model, sql in _TABLES_SQL.items():
                         model.objects.filter(start=start, worker_id=worker_id).delete()
-                        cursor.execute(sql, params)
+                        cursor.execute(sql.format(table=model._meta.db_table), params)
+    _key_hours({(bucket_floor(start, HOUR), w) for start, w in pairs})
     return len(pairs)
 
 

@@ -31,6 +31,7 @@ from dashboard.models import (
     DepthBucket,
     FailureBucket,
     KeyBucket,
+    KeyHour,
     QueueDepthSample,
     SeriesBucket,
     WorkerEvent,
@@ -86,6 +87,7 @@ def dashboard_prune(*, older_than_days: int, now: datetime, batch_size: int = PR
         (FailureBucket, "start"),
         (CallerBucket, "start"),
         (KeyBucket, "start"),
+        (KeyHour, "start"),
         (DepthBucket, "start"),
     ]
     for model, column in tables:
