@@ -66,7 +66,7 @@ class EventRow:
         return self.kind in (WorkerEvent.Kind.REGISTERED, WorkerEvent.Kind.RESTARTED)
 
 
-def worker_events(window: Window, *, limit: int = 50) -> tuple[list[EventRow], int]:
+def worker_events(window: Window, *, limit: int = 15) -> tuple[list[EventRow], int]:
     """(the newest `limit` events in the window, how many there are in all)."""
     events = WorkerEvent.objects.filter(at__gte=window.since, at__lt=window.until)
     if window.worker:
