@@ -60,8 +60,12 @@ fuzz: venv
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
 	$(PY) -m fuzz.run $(FUZZ_ARGS)
 
-# A bounded soak (docs/soak.md): SOAK_SECONDS=60 for a quick check, 600 by default.
+# A bounded soak (docs/soak.md): SOAK_SECONDS=60 for a quick check, 600 by default; then the
+# contract 2.8 burst at 2,000 calls, failing on its speed-independent bounds (docs/benchmarks.md).
 soak: venv
 	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
 	$(PY) soak/run.py
+	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
+	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
+	$(PY) benchmarks/overload.py --burst 2000 --check

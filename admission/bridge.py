@@ -38,6 +38,7 @@ from admission.credentials import (
 )
 from admission.registration import worker_event_announce
 from workspaces.access import Caller
+from workspaces.features import EDIT_FEATURES, effective_edit_features
 from workspaces.models import Worker, WorkerPairing, WorkerWorkspace
 from workspaces.secrets import WORKER_TOKEN_PREFIX, hash_secret, new_secret
 
@@ -187,22 +188,63 @@ def _offline(worker_id: str) -> dict[str, Any]:
     }
 
 
+# Which instruction file a workspace advertises to LibreChat, which takes one per workspace.
+INSTRUCTION_PREFERENCE = ("AGENTS.md", "CLAUDE.md")
+
+
+def _instructions(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The one instruction file LibreChat's status parser accepts per workspace (AGENTS.md
+    first), as its descriptor: path, bytes, sha256, truncated (Sluice serves only whole files)."""
+    by_path = {str(f["path"]): f for f in files}
+    for path in (*INSTRUCTION_PREFERENCE, *sorted(by_path)):
+        if path in by_path:
+            f = by_path[path]
+            return [
+                {
+                    "path": path,
+                    "bytes": int(f["bytes"]),
+                    "sha256": str(f["sha256"]),
+                    "truncated": False,
+                }
+            ]
+    return []
+
+
 def _capabilities(worker: Worker) -> tuple[dict[str, Any], bool]:
     offers = list(
         WorkerWorkspace.objects.filter(worker=worker)
         .order_by("workspace_id")
-        .values_list("workspace_id", "operations")
+        .values_list("workspace_id", "operations", "edit_features", "instruction_files")
     )
-    operations = sorted({op for _, ops in offers for op in ops})
+    operations = sorted({op for _, ops, _, _ in offers for op in ops})
     tools: dict[str, Any] = {"operations": operations}
     if offers and len(offers) <= MAX_STATUS_WORKSPACES:
         # LibreChat selects workspaces only from this full form; past its ceiling it gets the
         # worker-wide operations alone rather than a truncated list.
+        workspaces = []
+        for ws, ops, _, files in offers:
+            entry: dict[str, Any] = {"id": ws, "operations": sorted(ops)}
+            instructions = _instructions(files or [])
+            if instructions:
+                entry["instructions"] = instructions
+            workspaces.append(entry)
         tools = {
             "protocolVersion": PROTOCOL_VERSION,
             "operations": operations,
-            "workspaces": [{"id": ws, "operations": sorted(ops)} for ws, ops in offers],
+            "workspaces": workspaces,
         }
+        # LibreChat negotiates edit features worker-wide: those every editing workspace
+        # offers. (Linked worktrees are not advertised as `workspaceScopes`: LibreChat's
+        # older status parser refuses the whole status when it sees that key.)
+        editing = [
+            effective_edit_features(features)
+            for _, ops, features, _ in offers
+            if {"edit_file", "preview_edit"} & set(ops)
+        ]
+        if editing:
+            common = frozenset.intersection(*editing)
+            if common:
+                tools["editFileFeatures"] = [f for f in EDIT_FEATURES if f in common]
     capabilities = {
         # An older worker that never reported a profile runs commands unconfined.
         "sandboxProfile": worker.sandbox_profile or "none",

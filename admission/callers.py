@@ -5,8 +5,10 @@ any of them could be refused (rate limit, queue full). Each answer of `call_reso
 its principal, the worker and its offer) is kept in this process for `CACHE_TTL_S`, counted
 from the moment its query started, so a key revoked (or an offer withdrawn, a workspace
 quarantined) stops being honoured here within that second. Concurrent misses for the same
-lookup share one query. A call that waited for its grant checks its key once more, fresh,
-right before it is dispatched (`caller_key_valid`): a key revoked while it waited never runs.
+lookup share one query. A call that waits for its grant is dispatched by the script that
+grants it, which refuses it when its key was revoked meanwhile (admission/revocation.py writes
+a marker the scripts read); where the scripts cannot dispatch (a Redis Cluster), the waiter
+checks its key once more, fresh, before it pushes the call itself (`caller_key_valid`).
 """
 
 from __future__ import annotations
@@ -130,8 +132,8 @@ async def cached_caller(token: str | None) -> Caller | None:
 def caller_key_valid(caller: Caller) -> bool:
     """Fresh from Postgres: the caller's key is still unrevoked and its principal active.
 
-    The one check a waited call makes right before its dispatch (admission/services.py); the
-    dispatch path calls it as it is, wherever the dispatch itself happens."""
+    The check a waited call makes before the API process dispatches it itself (a Redis
+    Cluster, admission/services.py); elsewhere the grant scripts check the revocation markers."""
     if caller.key_id is None:
         return True
     return ApiKey.objects.filter(

@@ -30,7 +30,7 @@ import redis
 from django.conf import settings
 
 from admission.connections import cluster_enabled
-from admission.queue import worker_keys
+from admission.queue import revoked_key_prefix, worker_keys
 from admission.scripts import lua_source
 from workspaces.dispatch import worker_queue_name
 from workspaces.models import Worker
@@ -68,6 +68,7 @@ WORKER_COMMANDS = (
     "+hmget",
     "+hincrby",
     "+pexpire",
+    "+exists",
     # Only scripts the server loaded: no EVAL, no SCRIPT (LOAD, FLUSH, KILL).
     "+evalsha",
 )
@@ -148,7 +149,11 @@ def worker_acl_rules(
 
     push_wake announces each push on the worker's own wake channel (admission/waiters.py):
     SPUBLISH on Redis 7, PUBLISH on Redis 6.2 (`sharded_pubsub` False), which has no sharded
-    pub/sub and refuses a rule naming a command it does not know."""
+    pub/sub and refuses a rule naming a command it does not know.
+
+    The grants settle.lua makes check the revoked-key markers, which the worker may only
+    read: a read-only key pattern (`%R~`), which Redis 6.2 does not have either; there the
+    worker gets no access to them and its grants do not check revocations."""
     return [
         "reset",
         "on",
@@ -159,6 +164,7 @@ def worker_acl_rules(
         "+spublish" if sharded_pubsub else "+publish",
         *(CLUSTER_COMMANDS if cluster else ()),
         *worker_key_patterns(prefix, celery_prefix, worker_id),
+        *([f"%R~{_glob_escape(revoked_key_prefix(prefix))}*"] if sharded_pubsub else []),
         # Its own wake channel only: the same tag as its keys (admission/queue.py).
         f"&{_glob_escape(worker_keys(prefix, worker_id).wake_prefix)}",
     ]

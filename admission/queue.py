@@ -12,9 +12,14 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:{w:ID}:wake:<entry> LIST  pushes to one waiting request: grant, result, offline ...
     P adm:{w:ID}:ds:<entry>   STRING  a durable call's status (JSON)          (TTL >= 10 min)
     P adm:{w:ID}:row:<entry>  STRING  a durable call's completion row draft, then "done"
+    P adm:{w:ID}:row:<entry>:req    STRING  that call's request (its result is checked against it)
+    P adm:{w:ID}:row:<entry>:claim  STRING  who is writing that call's row now        (TTL 30 s)
+    P adm:durable             ZSET  "<worker id> <entry id>" by submission: durable calls whose
+                                    row is not written yet (admission/durable.py sweeps it; TTL 1 h)
     P adm:{w:ID}:wake:        shard channel: "<entry>" announced with each push (admission/waiters.py)
     P adm:{w:ID}:inst:<key>   STRING  the principal a conversation instance is bound to   (TTL 24 h)
     P adm:rid:{p:<principal>}:<request id>   STRING  "<worker id> <entry id>" or "done"
+    P adm:revoked:<key id>    STRING  an API key revoked lately: grants refuse its waiting calls
     P celery:sluice.worker.ID LIST  the worker's Celery queue (kombu's key; see below)
 
 The grant is the dispatch: the scripts that grant (enter, leave, release, settle, and the
@@ -46,6 +51,14 @@ REQUEST_ID_DONE_TTL_MS = 10 * 60 * 1000
 INSTANCE_TTL_MS = 24 * 3600 * 1000
 # The placeholder registration of a revoke lives this long at most (it is deleted at once).
 REVOKE_TTL_MS = 60_000
+# A revoked key's marker outlives any call of it that could still be waiting: the longest
+# admission wait (the queue ceiling is at most 300 s), plus a minute for calls that entered
+# from a process whose caller cache (1 s) had not yet seen the revocation.
+REVOKED_KEY_TTL_MS = 360_000
+# The index of durable calls owing a row outlives every member's row draft (budgets are at
+# most minutes, a draft lives its budgets plus DURABLE_KEEP_MS): it expires an hour after the
+# last durable submission.
+DURABLE_INDEX_TTL_MS = 3600 * 1000
 # Separates the offer tokens a call needs / a workspace offers (never in a token itself).
 OFFER_SEP = "\x1f"
 ADMISSION_SCRIPTS = ("enter", "leave", "release", "settle", "register", "heartbeat", "deregister")
@@ -111,8 +124,20 @@ def offer_tokens(
     return OFFER_SEP + OFFER_SEP.join(tokens) + OFFER_SEP
 
 
+def revoked_key_prefix(prefix: str) -> str:
+    """Where the revocation marks API keys for the grant scripts (no hash tag: only a plain
+    Redis, where the scripts dispatch, reads it; see `_Scripts.revoked_prefix`)."""
+    return f"{prefix}adm:revoked:"
+
+
 def request_id_key(prefix: str, scope: str, request_id: str) -> str:
     return f"{prefix}adm:rid:{{p:{scope}}}:{request_id}"
+
+
+def durable_index_key(prefix: str) -> str:
+    # Not under a worker's hash tag: only ever touched by single-key commands. (Durable
+    # requests are offered only where the scripts dispatch, never on a cluster.)
+    return f"{prefix}adm:durable"
 
 
 @dataclass(frozen=True)
@@ -172,6 +197,10 @@ def parse_left(raw: list[Any]) -> tuple[str, Grant | None]:
     return status, (_grant(raw[1:]) if status == "running" else None)
 
 
+def _opt(value: Any) -> str | None:
+    return None if value is None else _s(value)
+
+
 def _now(now_ms: int | None) -> str:
     return "" if now_ms is None else str(now_ms)
 
@@ -188,6 +217,9 @@ class _Scripts:
             name: register(client, name, with_common=True) for name in ADMISSION_SCRIPTS
         }
         self.dispatching = dispatch_in_redis()
+        # Where the scripts dispatch they check revocations themselves; where they cannot
+        # (a cluster: the marker is in another slot), the waiter re-checks in Postgres.
+        self.revoked_prefix = revoked_key_prefix(prefix) if self.dispatching else ""
 
     def keys(self, worker_id: str) -> WorkerKeys:
         return worker_keys(self.prefix, worker_id)
@@ -228,10 +260,12 @@ class AsyncQueue(_Scripts):
         envelope: str = "",
         durable: bool = False,
         incarnation: str = "",
+        key_id: int | None = None,
         now_ms: int | None = None,
     ) -> Entered:
         """Enter a call. `needs` (offer tokens) makes every grant re-check the offer; `envelope`
-        is the call's Celery message, pushed to the worker by whichever script grants it."""
+        is the call's Celery message, pushed to the worker by whichever script grants it;
+        `key_id` (the caller's API key) makes every grant check the key was not revoked."""
         k = self.keys(worker_id)
         raw = await self.scripts["enter"](
             keys=[k.reg, k.queue, k.entries, k.stats, *self.dispatch_keys(worker_id)],
@@ -253,6 +287,8 @@ class AsyncQueue(_Scripts):
                 "1" if durable else "",
                 k.status_prefix,
                 incarnation,
+                "" if key_id is None else str(key_id),
+                self.revoked_prefix,
             ],
         )
         return parse_entered(raw)
@@ -307,6 +343,7 @@ class AsyncQueue(_Scripts):
                 json.dumps(message) if message else "",
                 k.status_prefix,
                 code,
+                self.revoked_prefix,
             ],
         )
         return parse_left(raw)
@@ -323,7 +360,15 @@ class AsyncQueue(_Scripts):
         k = self.keys(worker_id)
         raw = await self.scripts["release"](
             keys=[k.reg, k.queue, k.entries, *self.dispatch_keys(worker_id)],
-            args=[_now(now_ms), entry_id, ticket, slot_ceiling, k.wake_prefix, k.status_prefix],
+            args=[
+                _now(now_ms),
+                entry_id,
+                ticket,
+                slot_ceiling,
+                k.wake_prefix,
+                k.status_prefix,
+                self.revoked_prefix,
+            ],
         )
         return _s(raw[0]) == "released"
 
@@ -374,28 +419,83 @@ class AsyncQueue(_Scripts):
         return int(seconds) * 1000 + int(micros) // 1000
 
     async def row_draft_save(
-        self, *, worker_id: str, entry_id: str, row: str, request: str, ttl_ms: int
+        self,
+        *,
+        worker_id: str,
+        entry_id: str,
+        row: str,
+        request: str,
+        ttl_ms: int,
+        submitted_ms: int,
     ) -> None:
-        """A durable call's row draft, and its request (its result is checked against it)."""
+        """A durable call's row draft and its request, listed in the index of calls owing a
+        row (admission/durable.py), before the call enters its queue."""
         key = self.keys(worker_id).row(entry_id)
+        index = durable_index_key(self.prefix)
         pipe = self.client.pipeline(transaction=False)
         pipe.set(key, row, px=ttl_ms)
         pipe.set(key + ":req", request, px=ttl_ms)
+        pipe.zadd(index, {f"{worker_id} {entry_id}": submitted_ms})
+        pipe.pexpire(index, DURABLE_INDEX_TTL_MS)
         await pipe.execute()
 
     async def row_request(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         raw = await self.client.get(self.keys(worker_id).row(entry_id) + ":req")
         return None if raw is None else dict(json.loads(raw))
 
-    async def row_draft_take(self, *, worker_id: str, entry_id: str, ttl_ms: int) -> str | None:
-        """The row draft, to the one caller that writes the row: it is replaced by "done" in
-        the same step, so a second caller (another process reading the status) gets None."""
-        raw = await self.client.set(
-            self.keys(worker_id).row(entry_id), "done", px=ttl_ms, get=True, xx=True
-        )
+    async def row_claim(
+        self, *, worker_id: str, entry_id: str, token: str, lease_ms: int
+    ) -> tuple[str, str | None]:
+        """Claim the writing of a durable call's row: ("claimed", draft) to exactly one caller
+        while the claim lasts, ("busy", None) while another holds it, ("done", None) once the
+        row is written (or its draft is gone). One MULTI, so nothing falls between the two."""
+        key = self.keys(worker_id).row(entry_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(key + ":claim", token, nx=True, px=lease_ms)
+        pipe.get(key)
+        got, raw = await pipe.execute()
         if raw is None or _s(raw) == "done":
-            return None
-        return _s(raw)
+            return "done", None
+        return ("claimed", _s(raw)) if got else ("busy", None)
+
+    async def row_done(self, *, worker_id: str, entry_id: str, ttl_ms: int) -> None:
+        """The row is written: the draft becomes "done" (so no claim after this one writes)
+        and the call leaves the index. The claim goes last."""
+        key = self.keys(worker_id).row(entry_id)
+        await self.client.set(key, "done", px=ttl_ms, xx=True)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(durable_index_key(self.prefix), f"{worker_id} {entry_id}")
+        pipe.delete(key + ":claim")
+        await pipe.execute()
+
+    async def row_forget(self, *, worker_id: str, entry_id: str) -> None:
+        """A durable call that never entered its queue owes no row: its draft goes."""
+        key = self.keys(worker_id).row(entry_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(key, key + ":req")
+        pipe.zrem(durable_index_key(self.prefix), f"{worker_id} {entry_id}")
+        await pipe.execute()
+
+    async def rows_owed(
+        self, *, start: int, limit: int
+    ) -> list[tuple[str, str, str | None, str | None]]:
+        """`limit` durable calls of the index from position `start`, oldest first: (worker id,
+        entry id, status JSON, row draft or "done"), in two round trips."""
+        members = await self.client.zrange(durable_index_key(self.prefix), start, start + limit - 1)
+        pairs = [tuple(_s(m).split(" ", 1)) for m in members]
+        pairs = [p for p in pairs if len(p) == 2]
+        if not pairs:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id, entry_id in pairs:
+            k = self.keys(worker_id)
+            pipe.get(k.status(entry_id))
+            pipe.get(k.row(entry_id))
+        got = await pipe.execute()
+        return [(w, e, _opt(got[2 * i]), _opt(got[2 * i + 1])) for i, (w, e) in enumerate(pairs)]
+
+    async def row_unlist(self, *, worker_id: str, entry_id: str) -> None:
+        await self.client.zrem(durable_index_key(self.prefix), f"{worker_id} {entry_id}")
 
     async def finish_request_id(self, *, scope: str, request_id: str, dispatched: bool) -> None:
         """Mark a call's id finished, or free it when the call was never dispatched.
@@ -498,6 +598,22 @@ class SyncQueue(_Scripts):
             waiting + running + max(self.deregister(worker_id=worker_id, incarnation=tombstone), 0)
         )
 
+    def mark_keys_revoked(self, *, key_ids: list[int], ttl_ms: int = REVOKED_KEY_TTL_MS) -> None:
+        """Tell every grant script that these API keys are revoked: from now on their waiting
+        calls are refused (401, not started) instead of dispatched, and calls entering from
+        a process that still remembers the key are refused at their first grant."""
+        if not key_ids:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for key_id in key_ids:
+            pipe.set(revoked_key_prefix(self.prefix) + str(key_id), "1", px=ttl_ms)
+        pipe.execute()
+
+    def unmark_keys_revoked(self, *, key_ids: list[int]) -> None:
+        """Undo `mark_keys_revoked` for keys that are good again (a principal enabled again)."""
+        if key_ids:
+            self.client.delete(*(revoked_key_prefix(self.prefix) + str(k) for k in key_ids))
+
     def settle(
         self,
         *,
@@ -508,6 +624,32 @@ class SyncQueue(_Scripts):
         payload: dict[str, Any],
         now_ms: int | None = None,
     ) -> bool:
+        accepted, _ = self.settle_taking_next(
+            worker_id=worker_id,
+            entry_id=entry_id,
+            incarnation=incarnation,
+            ticket=ticket,
+            payload=payload,
+            now_ms=now_ms,
+            take_next=False,
+        )
+        return accepted
+
+    def settle_taking_next(
+        self,
+        *,
+        worker_id: str,
+        entry_id: str,
+        incarnation: str,
+        ticket: int,
+        payload: dict[str, Any],
+        now_ms: int | None = None,
+        take_next: bool = True,
+    ) -> tuple[bool, str | None]:
+        """Settle, and (take_next) receive the Celery message of the first call this
+        settlement granted instead of it being pushed onto the worker's queue: the settling
+        worker thread runs it next, so a same-worker handoff costs no broker hop. Returns
+        (accepted, message or None)."""
         k = self.keys(worker_id)
         raw = self.scripts["settle"](
             keys=[k.reg, k.queue, k.entries, k.stats, *self.dispatch_keys(worker_id)],
@@ -520,9 +662,13 @@ class SyncQueue(_Scripts):
                 k.wake_prefix,
                 STATS_TTL_MS,
                 k.status_prefix,
+                self.revoked_prefix,
+                "1" if take_next else "0",
             ],
         )
-        return _s(raw[0]) == "accepted"
+        accepted = _s(raw[0]) == "accepted"
+        taken = _s(raw[1]) if accepted and len(raw) > 1 else ""
+        return accepted, taken or None
 
     def grant_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         """The grant facts of a running entry (ticket, slot, incarnation, exec deadline), which

@@ -194,6 +194,8 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
         )
     if kind == "mismatch":
         raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
+    if kind == "revoked":
+        raise refusals.key_revoked()
     if kind == "cancelled":
         call.draft.outcome = "cancelled"
         raise refusals.request_cancelled()
@@ -435,14 +437,16 @@ async def _admitted_call(
     expires = datetime.fromtimestamp(time.time() + (queue_ms + exec_ms) / 1000, tz=UTC)
     broker_key, envelope = assignment_message(assignment, expires=expires)
     if call.durable:
-        # Whoever sees the call end first writes its row from this draft (api/requests.py),
-        # this process or, if it died, any other one answering the call's status.
+        # Whoever claims it first once the call ends writes its row from this draft
+        # (admission/durable.py): this process, any process answering its status, or the
+        # drainer's sweep when no API process is left to.
         await queue.row_draft_save(
             worker_id=call.worker_id,
             entry_id=call.entry_id,
             row=json.dumps(draft.row()),
             request=json.dumps(call.request),
             ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
+            submitted_ms=int(draft.started * 1000),
         )
     entered = await queue.enter(
         worker_id=call.worker_id,
@@ -458,6 +462,7 @@ async def _admitted_call(
         envelope=envelope,
         durable=call.durable,
         incarnation=target.incarnation_id,
+        key_id=call.caller.key_id,
     )
     if entered.status == "refused":
         # Perhaps only this process's view of the worker was old (the caller cache): the next
@@ -470,6 +475,9 @@ async def _admitted_call(
     if entered.status == "refused":
         if entered.code == "WORKER_MISMATCH":
             raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
+        if entered.code == "UNAUTHENTICATED":
+            # Revoked a moment ago; this process's caller cache had not seen it yet.
+            raise refusals.key_revoked()
         raise refusals.worker_offline(call.worker_id)
     draft.fencing_ticket = entered.ticket
     call.entered.set()
@@ -495,6 +503,9 @@ async def _admitted_call(
                 )
             grant = entered.grant or await _wait_for_grant(call, queue, policy, queue_deadline)
     except asyncio.CancelledError:
+        if call.durable:
+            # Only this process's end cancels a durable call's watcher: the call stays queued.
+            raise
         draft.outcome, draft.admission_outcome = "disconnected", "cancelled"
         await asyncio.shield(_leave_or_release(call, queue, policy))
         raise
@@ -510,7 +521,7 @@ async def _admitted_call(
     if not grant.dispatched:
         # The scripts could not reach the broker (admission on a Redis Cluster): push it here,
         # unless the key was revoked while the call waited (it must not run: 401, not started).
-        # Where the grant dispatched by itself this re-check cannot run (docs/admission.md).
+        # Where the grant dispatched by itself, the script checked the revocation markers.
         if waited and not await in_db_thread(caller_key_valid, caller=call.caller):
             await asyncio.shield(
                 queue.release(

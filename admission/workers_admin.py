@@ -26,6 +26,7 @@ from admission.credentials import (
 )
 from admission.models import PolicyOverride
 from admission.policy import forget_cached_policy, load_overrides, policy_sources, resolve
+from admission.revocation import api_keys_revoke, principal_active_set
 from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
 from workspaces.models import ApiKey, Principal, Tenant, Worker, WorkerWorkspace
 from workspaces.secrets import API_KEY_PREFIX, WORKER_TOKEN_PREFIX, new_secret
@@ -227,6 +228,12 @@ class PrincipalAdmin(admin.ModelAdmin):
             return [*self.readonly_fields, "tenant"]
         return self.readonly_fields
 
+    def save_model(self, request: HttpRequest, obj: Principal, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if change and "is_active" in form.changed_data:
+            # Disabled: its calls waiting for a slot are refused, not dispatched.
+            principal_active_set(principal=obj, active=obj.is_active)
+
     @admin.action(description="Create API key", permissions=["change"])
     def create_api_key(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
         # The raw key travels in the message storage (a signed cookie, or the session) until
@@ -273,8 +280,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        # Already revoked keys keep their original revocation time.
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        # Already revoked keys keep their original revocation time. Their calls waiting for
+        # a slot are refused too, not dispatched (admission/revocation.py).
+        count = api_keys_revoke(keys=queryset)
         self.message_user(
             request, f"Revoked {count} key(s); they are refused from the next request on."
         )

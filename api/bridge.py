@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -21,6 +22,8 @@ from admission.bridge import (
     worker_status,
 )
 from api.errors import invalid
+from api.schema.answers import WORKER_ID, operation
+from api.schema.bridge import BridgePairing, BridgeRedeemed, BridgeRevoked, BridgeWorkerStatus
 from api.workers import StrictCharField, StrictIntegerField, StrictSerializer
 from workspaces.access import Caller
 
@@ -59,7 +62,25 @@ def _caller(request: Request) -> Caller:
     return request.user.caller  # type: ignore[union-attr]
 
 
+# What every bridge route with an API key refuses.
+_BRIDGE_CODES = ["UNAUTHENTICATED", "ADMISSION_UNAVAILABLE", "DATABASE_UNAVAILABLE"]
+_BY_WORKER_CODES = [*_BRIDGE_CODES, "INVALID_WORKER_ID", "WORKER_NOT_FOUND"]
+
+
 class BridgePairingCreateApi(APIView):
+    @extend_schema(
+        **operation(
+            "createBridgePairing",
+            request=PairingSerializer,
+            ok=(200, BridgePairing),
+            codes=[
+                *_BRIDGE_CODES,
+                "INVALID_WORKER_ID",
+                "INVALID_REQUEST",
+                "UNSUPPORTED_MEDIA_TYPE",
+            ],
+        )
+    )
     def post(self, request: Request) -> Response:
         data = PairingSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -79,6 +100,24 @@ class BridgePairingRedeemApi(APIView):
     authentication_classes: list[Any] = []
     permission_classes = [AllowAny]
 
+    @extend_schema(
+        **operation(
+            "redeemBridgePairing",
+            request=RedeemSerializer,
+            ok=(200, BridgeRedeemed),
+            codes=[
+                "INVALID_PAIRING_CODE",
+                "INVALID_REQUEST",
+                "PAIRING_CODE_UNKNOWN",
+                "PAIRING_CODE_USED",
+                "WORKER_ID_TAKEN",
+                "PAIRING_CODE_EXPIRED",
+                "UNSUPPORTED_MEDIA_TYPE",
+                "ADMISSION_UNAVAILABLE",
+                "DATABASE_UNAVAILABLE",
+            ],
+        )
+    )
     def post(self, request: Request) -> Response:
         data = RedeemSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -91,11 +130,27 @@ class BridgePairingRedeemApi(APIView):
 
 
 class BridgeWorkerStatusApi(APIView):
+    @extend_schema(
+        **operation(
+            "bridgeWorkerStatus",
+            ok=(200, BridgeWorkerStatus),
+            parameters=[WORKER_ID],
+            codes=_BY_WORKER_CODES,
+        )
+    )
     def get(self, request: Request, worker_id: str) -> Response:
         return Response(worker_status(caller=_caller(request), worker_id=_worker_id(worker_id)))
 
 
 class BridgeWorkerRevokeApi(APIView):
+    @extend_schema(
+        **operation(
+            "revokeBridgeWorker",
+            ok=(200, BridgeRevoked),
+            parameters=[WORKER_ID],
+            codes=_BY_WORKER_CODES,
+        )
+    )
     def post(self, request: Request, worker_id: str) -> Response:
         worker_revoke(caller=_caller(request), worker_id=_worker_id(worker_id))
         return Response({"protocolVersion": PROTOCOL_VERSION, "revoked": True})

@@ -7,6 +7,7 @@ types and know nothing of statuses; this module is the only place that does.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError
@@ -17,46 +18,78 @@ from sluice_protocol import worker_error_status
 
 from admission.refusals import Refusal
 
+
+@dataclass(frozen=True)
+class Answer:
+    """How a refusal is answered: its status, when it happens, what the caller may conclude
+    (`started`), and whether it comes with Retry-After. The OpenAPI document is generated from
+    this table (api/schema/answers.py), so a code added here is documented there."""
+
+    status: int
+    when: str
+    started: str = "no"
+    retry_after: bool = False
+
+
 # Refusals of admission and of the API edge itself. A worker's own codes take their status
 # from the protocol (`worker_error_status`), since the worker names them.
-STATUS: dict[str, int] = {
-    "INVALID_WORKSPACE_TOOL_REQUEST": 400,
-    "INVALID_WORKSPACE_QUEUE_WAIT": 400,
-    "INVALID_WORKER_ID": 400,
-    "INVALID_REQUEST_ID": 400,
-    "INVALID_REQUEST": 400,
-    "INVALID_PAIRING_CODE": 400,
-    "UNAUTHENTICATED": 401,
-    "FORBIDDEN": 403,
-    "WORKER_NOT_FOUND": 404,
-    "REQUEST_NOT_FOUND": 404,
-    "NOT_FOUND": 404,
-    "PAIRING_CODE_UNKNOWN": 404,
-    "METHOD_NOT_ALLOWED": 405,
-    "WORKER_MISMATCH": 409,
-    "WORKSPACE_QUARANTINED": 409,
-    "REQUEST_CANCELLED": 409,
-    "WORKER_SUPERSEDED": 409,
-    "WORKER_ID_TAKEN": 409,
-    "PAIRING_CODE_USED": 409,
-    "WORKER_REGISTRATION_LOST": 410,
-    "PAIRING_CODE_EXPIRED": 410,
-    "REQUEST_TOO_LARGE": 413,
-    "UNSUPPORTED_MEDIA_TYPE": 415,
-    "WORKER_QUEUE_FULL": 429,
-    "RATE_LIMITED": 429,
-    "THROTTLED": 429,
-    "INTERNAL_ERROR": 500,
-    "RESULT_INVALID": 502,
-    "WORKSPACE_QUEUE_TIMEOUT": 503,
-    "WORKER_OFFLINE": 503,
-    "NO_WORKER_SELECTED": 503,
-    "SERVICE_SHUTTING_DOWN": 503,
-    "SERVICE_OVERLOADED": 503,
-    "ADMISSION_UNAVAILABLE": 503,
-    "DATABASE_UNAVAILABLE": 503,
-    "ASSIGNMENT_EXPIRED": 504,
+ANSWERS: dict[str, Answer] = {
+    "INVALID_WORKSPACE_TOOL_REQUEST": Answer(400, "the body breaks the protocol (§2.2)"),
+    "INVALID_WORKSPACE_QUEUE_WAIT": Answer(400, "queue-wait header malformed or over 300000"),
+    "INVALID_WORKER_ID": Answer(400, "a worker id (header or path) breaks the worker-id pattern"),
+    "INVALID_REQUEST_ID": Answer(
+        400, "request-id header malformed, missing, or names another call"
+    ),
+    "INVALID_REQUEST": Answer(400, "the body is not JSON, or breaks the route's schema"),
+    "INVALID_PAIRING_CODE": Answer(400, "not 32 characters of [A-Za-z0-9_-]"),
+    "UNAUTHENTICATED": Answer(401, "missing, unknown or revoked API key or worker token"),
+    "FORBIDDEN": Answer(403, "the worker token belongs to another worker"),
+    "WORKER_NOT_FOUND": Answer(404, "unknown worker, or another tenant's"),
+    "REQUEST_NOT_FOUND": Answer(404, "unknown id, malformed id, or another principal's call"),
+    "NOT_FOUND": Answer(404, "no such route, or durable requests are not offered here"),
+    "PAIRING_CODE_UNKNOWN": Answer(404, "no such pairing code (or it was revoked)"),
+    "METHOD_NOT_ALLOWED": Answer(405, "the route does not take this method (Allow)"),
+    "WORKER_MISMATCH": Answer(
+        409, "workspace, operation, lane, edit feature or instruction file not offered"
+    ),
+    "WORKSPACE_QUARANTINED": Answer(409, "the isolation key is quarantined"),
+    "REQUEST_CANCELLED": Answer(409, "cancelled by DELETE while it waited"),
+    "WORKER_SUPERSEDED": Answer(409, "this incarnation was replaced or expired"),
+    "WORKER_ID_TAKEN": Answer(409, "another tenant holds the worker id; the code is spent"),
+    "PAIRING_CODE_USED": Answer(409, "the pairing code was already redeemed"),
+    "WORKER_REGISTRATION_LOST": Answer(410, "the registration is gone; register again"),
+    "PAIRING_CODE_EXPIRED": Answer(410, "the pairing code is past its expiry"),
+    "REQUEST_TOO_LARGE": Answer(413, "body over the limit"),
+    "UNSUPPORTED_MEDIA_TYPE": Answer(415, "body is not application/json"),
+    "WORKER_QUEUE_FULL": Answer(429, "the worker's queue is full"),
+    "RATE_LIMITED": Answer(
+        429, "principal over its rate (§3: the RateLimited body)", retry_after=True
+    ),
+    "THROTTLED": Answer(429, "a DRF throttle refused the call", retry_after=True),
+    "INTERNAL_ERROR": Answer(500, "an unforeseen error", started="unknown"),
+    "RESULT_INVALID": Answer(502, "the worker's answer broke §2.2", started="unknown"),
+    "WORKSPACE_QUEUE_TIMEOUT": Answer(
+        503, "not admitted within the queue budget", retry_after=True
+    ),
+    "WORKER_OFFLINE": Answer(503, "worker offline, restarted or replaced"),
+    "NO_WORKER_SELECTED": Answer(503, "no worker header and no default worker"),
+    "SERVICE_SHUTTING_DOWN": Answer(503, "the API process is stopping", retry_after=True),
+    "SERVICE_OVERLOADED": Answer(
+        503, "the API process carries its limit of calls", retry_after=True
+    ),
+    "ADMISSION_UNAVAILABLE": Answer(503, "admission Redis unavailable"),
+    "DATABASE_UNAVAILABLE": Answer(
+        503, "Postgres unavailable", started="no, unless it ran", retry_after=True
+    ),
+    "ASSIGNMENT_EXPIRED": Answer(
+        504, "exec deadline passed, or the worker vanished", started="unknown"
+    ),
 }
+STATUS: dict[str, int] = {code: answer.status for code, answer in ANSWERS.items()}
+# What a worker's own code (the protocol's WORKER_ERROR_STATUS) tells the caller.
+WORKER_ANSWER = Answer(
+    0, "the worker refused the call, or could not run or finish it", "yes/refused"
+)
 
 
 def status_of(refusal: Refusal) -> int:

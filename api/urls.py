@@ -9,7 +9,7 @@ from api.bridge import (
     BridgeWorkerStatusApi,
 )
 from api.requests import CapabilitiesApi, DurableRequestApi, DurableSubmitApi
-from api.schema import schema_docs_view, schema_view
+from api.schema.docs import SchemaApi, SchemaDocsApi
 from api.workers import WorkerDeregisterApi, WorkerHeartbeatApi, WorkerRegisterApi
 from api.workspace_tools import WorkspaceToolsExecuteApi
 
@@ -18,7 +18,9 @@ urlpatterns = [
     path("v1/workspace-tools/capabilities", CapabilitiesApi.as_view(), name="capabilities"),
     path("v1/workspace-tools/requests", DurableSubmitApi.as_view(), name="request-submit"),
     path(
-        "v1/workspace-tools/requests/<str:request_id>",
+        # Any id, slashes included, reaches the view: an id that is not one is the same 404
+        # REQUEST_NOT_FOUND as an unknown one, never the router's NOT_FOUND.
+        "v1/workspace-tools/requests/<path:request_id>",
         DurableRequestApi.as_view(),
         name="request-cancel",
     ),
@@ -37,6 +39,6 @@ urlpatterns = [
         BridgeWorkerRevokeApi.as_view(),
         name="bridge-worker-revoke",
     ),
-    path("v1/schema/", schema_view, name="openapi-schema"),
-    path("v1/schema/docs/", schema_docs_view, name="openapi-docs"),
+    path("v1/schema/", SchemaApi.as_view(), name="openapi-schema"),
+    path("v1/schema/docs/", SchemaDocsApi.as_view(), name="openapi-docs"),
 ]

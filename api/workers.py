@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -20,6 +21,8 @@ from admission.registration import (
     worker_register,
 )
 from api.authentication import WorkerTokenAuthentication
+from api.schema.answers import operation
+from api.schema.components import Deregistered, HeartbeatOk, Registered
 from workspaces.features import EDIT_FEATURES
 from workspaces.runtime.config import MAX_SLOTS, WORKSPACE_ID
 
@@ -133,12 +136,27 @@ def _own_worker(request: Request, worker_id: str) -> Any:
     return worker
 
 
+# What every worker route refuses; heartbeat adds its own two.
+_WORKER_CODES = [
+    "INVALID_REQUEST",
+    "UNAUTHENTICATED",
+    "FORBIDDEN",
+    "UNSUPPORTED_MEDIA_TYPE",
+    "DATABASE_UNAVAILABLE",
+]
+
+
 class _WorkerApi(APIView):
     authentication_classes = [WorkerTokenAuthentication]
     permission_classes = [IsAuthenticated]
 
 
 class WorkerRegisterApi(_WorkerApi):
+    @extend_schema(
+        **operation(
+            "registerWorker", request=RegisterSerializer, ok=(200, Registered), codes=_WORKER_CODES
+        )
+    )
     def post(self, request: Request) -> Response:
         data = RegisterSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -164,6 +182,14 @@ class WorkerRegisterApi(_WorkerApi):
 
 
 class WorkerHeartbeatApi(_WorkerApi):
+    @extend_schema(
+        **operation(
+            "heartbeatWorker",
+            request=IncarnationSerializer,
+            ok=(200, HeartbeatOk),
+            codes=[*_WORKER_CODES, "WORKER_SUPERSEDED", "WORKER_REGISTRATION_LOST"],
+        )
+    )
     def post(self, request: Request) -> Response:
         data = IncarnationSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -177,6 +203,14 @@ class WorkerHeartbeatApi(_WorkerApi):
 
 
 class WorkerDeregisterApi(_WorkerApi):
+    @extend_schema(
+        **operation(
+            "deregisterWorker",
+            request=IncarnationSerializer,
+            ok=(200, Deregistered),
+            codes=_WORKER_CODES,
+        )
+    )
     def post(self, request: Request) -> Response:
         data = IncarnationSerializer(data=request.data)
         data.is_valid(raise_exception=True)

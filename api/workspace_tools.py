@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError, InterfaceError
 from django.http import HttpRequest
+from drf_spectacular.utils import extend_schema
 from redis.exceptions import RedisError
 from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
@@ -56,6 +57,14 @@ from api.errors import (
     status_of,
     unauthenticated,
 )
+from api.schema.answers import (
+    BY_REQUEST_ID_CODES,
+    EXECUTE_CODES,
+    EXECUTE_HEADERS,
+    REQUEST_ID,
+    operation,
+)
+from api.schema.components import CancelState, execute_request, execute_result
 from workspaces.access import Caller
 
 log = logging.getLogger("sluice.admission")
@@ -233,6 +242,17 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             raise self.invalid or unauthenticated()
         return caller
 
+    @extend_schema(
+        **operation(
+            "executeWorkspaceTool",
+            request=execute_request(),
+            ok=(200, execute_result()),
+            parameters=EXECUTE_HEADERS,
+            codes=EXECUTE_CODES,
+            worker=True,
+            budget=True,
+        )
+    )
     async def post(self, request: Request) -> Response:
         caller = self.checked_caller(request)
         assert self.resolved is not None and self.parsed is not None
@@ -349,6 +369,14 @@ class WorkspaceToolsRequestCancelApi(AsyncApiView):
         if request.method != "DELETE":
             raise method_not_allowed("DELETE")
 
+    @extend_schema(
+        **operation(
+            "cancelRequest",
+            ok=(200, CancelState),
+            parameters=[REQUEST_ID],
+            codes=BY_REQUEST_ID_CODES,
+        )
+    )
     async def delete(self, request: Request, request_id: str) -> Response:
         user = request.user
         assert isinstance(user, ApiUser)

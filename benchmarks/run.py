@@ -14,9 +14,11 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
     ("rate limiter: added latency and Redis commands per call", "ratelimit.py", []),
     ("round trip: HTTP -> Celery -> worker -> result vs in-process", "roundtrip.py", []),
+    ("durable requests: added latency of submit + poll vs a synchronous call", "durable.py", []),
     ("admission: hand-off, Redis commands per call, 1,000 waiters, throughput", "admission.py", []),
     ("dashboard queries on 1,000,000 completion rows", "dashboard_queries.py", []),
     ("command sandbox: added latency of bwrap per command", "sandbox.py", []),
+    ("overload: the contract 2.8 burst (10x the queue, one principal)", "overload.py", []),
 ]
 
 

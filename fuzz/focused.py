@@ -19,6 +19,7 @@ Findings are collected, not raised, so one run explores every target.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import uuid
@@ -26,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from hypothesis import HealthCheck, given, settings
@@ -37,6 +39,7 @@ from fuzz.oracle import ResponseOracle
 from fuzz.sandbox import TARGET_PATHS, WORKSPACE_ID
 
 EXECUTE = "/v1/workspace-tools/execute"
+REQUESTS = "/v1/workspace-tools/requests"
 MUTATING = {"write_file", "edit_file", "execute_command"}
 # The contract's own spelling (§2.1), kept apart from the server's code on purpose.
 WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -57,6 +60,7 @@ class Target:
     findings: list[tuple[str, str]] = field(default_factory=list)
     known: Counter[str] = field(default_factory=Counter)  # bug id -> answers it explains
     dispatched_ids: set[str] = field(default_factory=set)  # request ids a 200 used up
+    durable_ids: set[str] = field(default_factory=set)  # request ids a 202 holds
     _per_label: Counter[str] = field(default_factory=Counter)
     _http: httpx.Client | None = None
 
@@ -95,6 +99,18 @@ class Target:
             "POST", EXECUTE, response.status_code, dict(response.headers), response.content
         ):
             self.find(label, f"{problem} (sent {content[:160]!r}, headers {headers})", response)
+        return response
+
+    def send(self, label: str, method: str, path: str, **kw: Any) -> httpx.Response:
+        """Any other call, with the live key, judged by the document like a POST to execute."""
+        headers = {"Authorization": f"Bearer {self.api_key}", **kw.pop("headers", {})}
+        response = self.http.request(method, path, headers=headers, **kw)
+        self.calls += 1
+        self.statuses[response.status_code] += 1
+        for problem in self.judge.problems(
+            method, path, response.status_code, dict(response.headers), response.content
+        ):
+            self.find(label, f"{problem} ({method} {path[:160]!r})", response)
         return response
 
     def expect(
@@ -278,12 +294,50 @@ def fuzz_request_id(t: Target, value: bytes) -> None:
     text = value.decode("latin-1").strip(" \t")
     if not REQUEST_ID_RE.fullmatch(text):
         t.expect("header request id", response, {400}, "INVALID_REQUEST_ID", value)
-    elif text in t.dispatched_ids:
+    elif text in t.dispatched_ids or text in t.durable_ids:
         t.expect("header request id reused", response, {400}, "INVALID_REQUEST_ID", value)
     else:
         t.expect("header request id", response, {200}, None, value)
     if response.status_code == 200:
         t.dispatched_ids.add(text)
+
+
+def fuzz_durable_id(t: Target, value: bytes, method: str) -> None:
+    """A durable call's request id (§2.7): the submit header, and the status/cancel path."""
+    text = value.decode("latin-1").strip(" \t")
+    if method == "POST":
+        response = t.send(
+            "durable submit id",
+            "POST",
+            REQUESTS,
+            content=_dumps(_body("read_file", path="README.md")),
+            headers={
+                "Content-Type": "application/json",
+                "X-LibreChat-Code-Worker-ID": t.worker_id,
+                "X-LibreChat-Workspace-Request-Id": value,
+            },
+        )
+        if not REQUEST_ID_RE.fullmatch(text) or text in t.dispatched_ids:
+            # (an id execute used up is bound to a call that is not durable: refused)
+            t.expect("durable submit id", response, {400}, "INVALID_REQUEST_ID", value)
+        else:
+            # A repeat answers its call's status, again 202.
+            t.expect("durable submit id", response, {202}, None, value)
+            t.durable_ids.add(text)
+        return
+    # In the path the id is not a header: nothing strips it.
+    raw = value.decode("latin-1")
+    path = f"{REQUESTS}/{quote(raw, safe='')}"
+    response = t.send(f"durable {method} id", method, path)
+    if raw in t.durable_ids or (method == "DELETE" and raw in t.dispatched_ids):
+        # (DELETE names any call by its id, §2.6; a status exists only for a durable one.)
+        t.expect(f"durable {method} id", response, {200}, None, value)
+    elif raw in ("", ".", ".."):
+        # The client's URL has no id segment left: no route.
+        t.expect(f"durable {method} id", response, {404}, None, value)
+    else:
+        # Unknown, malformed or another call's: the same 404.
+        t.expect(f"durable {method} id", response, {404}, "REQUEST_NOT_FOUND", value)
 
 
 def fuzz_queue_wait(t: Target, value: bytes) -> None:
@@ -311,7 +365,10 @@ def fuzz_body(t: Target, base: dict[str, Any], key_index: int, value: Any, add: 
     if payload.get("operation") == "execute_command":
         payload["command"] = "true"  # never run generated text
     response = t.post("body field", payload)
-    if t.judge.request_valid("POST", EXECUTE, payload):
+    if not _finite(payload):
+        # NaN and Infinity are not JSON: the body is not JSON at all.
+        t.expect("body field", response, {400}, "INVALID_REQUEST", payload)
+    elif t.judge.request_valid("POST", EXECUTE, payload):
         if response.status_code == 400:
             refused = f"{response.text[:200]} for {str(payload)[:300]}"
             t.find(
@@ -319,6 +376,16 @@ def fuzz_body(t: Target, base: dict[str, Any], key_index: int, value: Any, add: 
             )
     else:
         t.expect("body field", response, {400}, "INVALID_WORKSPACE_TOOL_REQUEST", payload)
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def fuzz_raw(t: Target, raw: bytes) -> None:
@@ -340,6 +407,10 @@ def run(target: Target, *, examples: int, seed: int) -> None:
         (fuzz_worker_id, {"value": WORKER_IDS}),
         (fuzz_request_id, {"value": REQUEST_IDS}),
         (fuzz_queue_wait, {"value": QUEUE_WAITS}),
+        (
+            fuzz_durable_id,
+            {"value": REQUEST_IDS, "method": st.sampled_from(["POST", "GET", "DELETE"])},
+        ),
         (
             fuzz_body,
             {

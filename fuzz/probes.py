@@ -26,6 +26,7 @@ from fuzz.sandbox import LANE, WORKSPACE_ID
 
 EXECUTE = "/v1/workspace-tools/execute"
 REGISTER = "/v1/workers/register"
+REQUESTS = "/v1/workspace-tools/requests"
 # A policy change reaches every API process within its cache time (settings.POLICY_CACHE_S).
 POLICY_SETTLE_S = 1.4
 WAIT_HEADER = "X-LibreChat-Workspace-Queue-Wait-Ms"
@@ -325,6 +326,59 @@ def waiting(p: Prober) -> None:
     delete("DELETE no key", 401, "UNAUTHENTICATED", waiter_id, headers={})
 
 
+def durable(p: Prober) -> None:
+    """Durable requests (§2.7): capabilities, submit, status and cancel, and their refusals."""
+    auth = {"Authorization": f"Bearer {p.live.api_key}"}
+    caps = "/v1/workspace-tools/capabilities"
+    p.send("capabilities", 200, None, "GET", caps, headers=auth)
+    p.send("capabilities no key", 401, "UNAUTHENTICATED", "GET", caps)
+    p.send("capabilities POST", 405, "METHOD_NOT_ALLOWED", "POST", caps, headers=auth)
+    key = {"workspaceInstanceId": uuid.uuid4().hex * 2}  # a key no other probe uses
+    sleep = body("execute_command", command="sleep 1.5", **key)
+    read = body("read_file", path="README.md", **key)
+    running, queued = uuid.uuid4().hex, uuid.uuid4().hex
+
+    def submit(label: str, status: int, code: str | None, payload: Any, rid: str = "") -> None:
+        headers = p.headers(**({REQUEST_HEADER: rid} if rid else {}))
+        p.send(label, status, code, "POST", REQUESTS, json=payload, headers=headers)
+
+    submit("durable submit", 202, None, sleep, running)
+    submit("durable submit queued behind it", 202, None, read, queued)
+    submit("durable submit again", 202, None, read, queued)
+    submit("durable submit without an id", 400, "INVALID_REQUEST_ID", read)
+    submit("durable submit a bad id", 400, "INVALID_REQUEST_ID", read, "bad")
+    no_path = body("read_file")
+    submit(
+        "durable submit a bad body",
+        400,
+        "INVALID_WORKSPACE_TOOL_REQUEST",
+        no_path,
+        uuid.uuid4().hex,
+    )
+    p.send("durable submit no key", 401, "UNAUTHENTICATED", "POST", REQUESTS, json=read)
+    p.send("durable submit GET", 405, "METHOD_NOT_ALLOWED", "GET", REQUESTS, headers=auth)
+    rows: list[tuple[str, int, str | None, str, str, dict[str, Any]]] = [
+        ("durable status running", 200, None, "GET", f"{REQUESTS}/{running}", {"headers": auth}),
+        ("durable cancel queued", 200, None, "DELETE", f"{REQUESTS}/{queued}", {"headers": auth}),
+        ("durable status cancelled", 200, None, "GET", f"{REQUESTS}/{queued}", {"headers": auth}),
+        ("durable cancel running", 200, None, "DELETE", f"{REQUESTS}/{running}", {"headers": auth}),
+        ("durable status unknown", 404, "REQUEST_NOT_FOUND", "GET", f"{REQUESTS}/{uuid.uuid4().hex}", {"headers": auth}),
+        ("durable status malformed", 404, "REQUEST_NOT_FOUND", "GET", f"{REQUESTS}/bad", {"headers": auth}),
+        ("durable status no key", 401, "UNAUTHENTICATED", "GET", f"{REQUESTS}/{queued}", {}),
+        ("durable status PUT", 405, "METHOD_NOT_ALLOWED", "PUT", f"{REQUESTS}/{queued}", {"headers": auth}),
+    ]  # fmt: skip
+    for label, status_code, code, method, path, kw in rows:
+        p.send(label, status_code, code, method, path, **kw)
+    # Leave nothing running behind: the long call ends before the next probe.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with httpx.Client(base_url=p.live.url, timeout=10) as http:
+            state = http.get(f"{REQUESTS}/{running}", headers=auth).json().get("state")
+        if state not in ("queued", "admitted"):
+            break
+        time.sleep(0.1)
+
+
 def limits(p: Prober) -> None:
     """The two 429s: a principal over its rate (§3) and a full worker queue (§2.4).
 
@@ -436,7 +490,7 @@ def run_all(
     """
     prober = Prober(live)
     try:
-        for step in (results, worker_errors, refusals, waiting, limits, bridge, service):
+        for step in (results, worker_errors, refusals, waiting, durable, limits, bridge, service):
             step(prober)
         workers(prober, spare_token, spare_worker_id, slow=slow)
     finally:

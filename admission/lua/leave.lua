@@ -5,12 +5,13 @@
 -- ARGV: 1 now_ms or '', 2 entry id, 3 slot ceiling, 4 wake key prefix,
 --       5 message to push to the leaving entry's wake list ('' = none; DELETE uses it to
 --       tell the waiting request it was cancelled), 6 status key prefix,
---       7 the leaving call's status code ('' = none; cancelled: REQUEST_CANCELLED)
+--       7 the leaving call's status code ('' = none; cancelled: REQUEST_CANCELLED),
+--       8 revoked-key marker prefix ('' = unchecked; see _common.lua)
 -- Returns: {'gone'} | {'left'} |
 --          {'running', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched}
 -- Clock: ARGV[1] when given (tests), else Redis TIME.
 local kreg, kq, ke = KEYS[1], KEYS[2], KEYS[3]
-setup(kreg, kq, KEYS[4], KEYS[5], ARGV[6])
+setup(kreg, kq, KEYS[4], KEYS[5], ARGV[6], ARGV[8])
 local now = clock_ms(ARGV[1])
 local raw = redis.call('HGET', ke, ARGV[2])
 if not raw then

@@ -3,11 +3,11 @@
 -- Fenced by ticket, so a stale release cannot free a newer call's slot. Grants afterwards.
 -- KEYS: 1 reg, 2 queue, 3 entries, 4 env, 5 Celery queue list (optional, see enter.lua)
 -- ARGV: 1 now_ms or '', 2 entry id, 3 ticket, 4 slot ceiling, 5 wake key prefix,
---       6 status key prefix
+--       6 status key prefix, 7 revoked-key marker prefix ('' = unchecked; see _common.lua)
 -- Returns: {'released'} | {'gone'} (settled or expired already)
 -- Clock: ARGV[1] when given (tests), else Redis TIME.
 local kreg, kq, ke = KEYS[1], KEYS[2], KEYS[3]
-setup(kreg, kq, KEYS[4], KEYS[5], ARGV[6])
+setup(kreg, kq, KEYS[4], KEYS[5], ARGV[6], ARGV[7])
 local now = clock_ms(ARGV[1])
 local raw = redis.call('HGET', ke, ARGV[2])
 local x = raw and cjson.decode(raw) or nil

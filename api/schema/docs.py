@@ -1,7 +1,8 @@
-"""`/v1/schema/` and `/v1/schema/docs/`: the document as JSON, and as an HTML page.
+"""`/v1/schema/` and `/v1/schema/docs/`: the generated document as JSON, and as an HTML page.
 
 The page is rendered on the server from the document (templates/schema/docs.html): no script,
-nothing fetched from elsewhere.
+nothing fetched from elsewhere. Both are public: the document holds no secret and no tenant
+data.
 """
 
 from __future__ import annotations
@@ -12,44 +13,68 @@ import json
 import re
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpResponse
 from django.shortcuts import render
+from drf_spectacular.utils import extend_schema
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from api.schema.answers import REF as _REF
+from api.errors import ANSWERS, WORKER_ANSWER
+from api.schema.answers import REF, RETRY_AFTER, WWW_AUTHENTICATE, operation
 from api.schema.bodies import Schema
-from api.schema.document import openapi_document
-
-# Public, no authentication: the document holds no secret and no tenant data.
+from api.schema.generate import openapi_document
 
 
-def _only_get(request: HttpRequest) -> JsonResponse | None:
-    if request.method in ("GET", "HEAD"):
-        return None
-    response = JsonResponse({"error": "Use GET.", "code": "METHOD_NOT_ALLOWED"}, status=405)
-    response["Allow"] = "GET, HEAD"
-    return response
+class _AlwaysJson(BaseContentNegotiation):
+    """The page is HTML whatever the client accepts; its refusals are typed JSON."""
+
+    def select_parser(self, request: Request, parsers: Any) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: Any = None) -> Any:
+        return renderers[0], renderers[0].media_type
 
 
-def schema_view(request: HttpRequest) -> HttpResponse:
-    return _only_get(request) or JsonResponse(openapi_document())
+class _PublicGet(APIView):
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    http_method_names = ["get", "head"]
+    content_negotiation_class = _AlwaysJson
 
 
-def schema_docs_view(request: HttpRequest) -> HttpResponse:
-    return _only_get(request) or render(request, "schema/docs.html", docs_context())
+class SchemaApi(_PublicGet):
+    @extend_schema(**operation("openapiSchema", ok=(200, {"type": "object"})))
+    def get(self, request: Request) -> Response:
+        return Response(openapi_document())
 
+
+class SchemaDocsApi(_PublicGet):
+    @extend_schema(**operation("openapiDocs", ok=(200, {"type": "string"}), media="text/html"))
+    def get(self, request: Request) -> HttpResponse:
+        return render(request._request, "schema/docs.html", docs_context())
+
+
+# ---------------------------------------------------------------------------------------------
+# The page's context
 
 _REF_IN_HTML = re.compile(r"&quot;#/components/schemas/(\w+)&quot;")
 
 
-def _pretty(schema: Any) -> str:
+def _pretty(value: Any) -> str:
     """Indented JSON, HTML-escaped, with each $ref turned into a link to its schema."""
-    text = html.escape(json.dumps(schema, indent=2))
+    compact = json.dumps(value, ensure_ascii=False)
+    text = html.escape(
+        compact if len(compact) <= 90 else json.dumps(value, indent=1, ensure_ascii=False)
+    )
     return _REF_IN_HTML.sub(r'&quot;<a href="#schema-\1">#/components/schemas/\1</a>&quot;', text)
 
 
 def _constraints(schema: Schema) -> str:
     if "$ref" in schema:
-        return schema["$ref"].removeprefix(_REF)
+        return str(schema["$ref"]).removeprefix(REF)
     parts = [str(schema.get("type", "any"))]
     for key in ("const", "enum"):
         if key in schema:
@@ -89,18 +114,53 @@ def _fields(schema: Schema) -> list[dict[str, str]]:
     ]
 
 
+def _body(schema: Schema, schemas: dict[str, Schema]) -> dict[str, Any]:
+    """A request or result body as the page shows it: its schema's name, and its fields or,
+    for a oneOf, its variants by discriminator value (never a bare $ref)."""
+    name = str(schema.get("$ref", "")).removeprefix(REF)
+    resolved = schemas.get(name, schema)
+    mapping = resolved.get("discriminator", {}).get("mapping", {})
+    return {
+        "name": name,
+        "fields": [] if mapping else _fields(resolved),
+        "discriminator": resolved.get("discriminator", {}).get("propertyName", ""),
+        "variants": [{"value": v, "name": ref.removeprefix(REF)} for v, ref in mapping.items()],
+    }
+
+
+def _example(content: Schema) -> str:
+    examples = content.get("examples") or {}
+    for example in examples.values():
+        value = example.get("value")
+        # A text answer reads as text, not as a JSON string.
+        return html.escape(value) if isinstance(value, str) else _pretty(value)
+    return ""
+
+
+# Shown on the status row they come with, and explained once at the top of the page.
+_ROW_HEADERS = (RETRY_AFTER, WWW_AUTHENTICATE)
+
+
+def _code_row(row: dict[str, str]) -> dict[str, Any]:
+    service = row["started"] != WORKER_ANSWER.started
+    return {**row, "retry": service and ANSWERS[row["code"]].retry_after}
+
+
 def _response_rows(operation: Schema) -> list[dict[str, Any]]:
     rows = []
     for status, response in operation["responses"].items():
         media, content = next(iter(response.get("content", {"": {"schema": {}}}).items()))
+        schema = content.get("schema", {})
         rows.append(
             {
                 "status": status,
-                "description": response["description"],
+                "description": response.get("description", ""),
                 "media": media,
-                "codes": response.get("x-codes", []),
-                "headers": list(response.get("headers", {})),
-                "schema": _pretty(content["schema"]),
+                "codes": [_code_row(row) for row in schema.get("x-codes", [])],
+                # Named in the row; the budget headers have their own table.
+                "headers": [h for h in response.get("headers", {}) if h in _ROW_HEADERS],
+                "schema": _pretty(schema),
+                "example": _example(content),
             }
         )
     return rows
@@ -111,6 +171,8 @@ def _response_headers(operation: Schema) -> list[dict[str, Any]]:
     headers: dict[str, dict[str, Any]] = {}
     for status, response in operation["responses"].items():
         for name, header in response.get("headers", {}).items():
+            if name in _ROW_HEADERS:
+                continue
             entry = headers.setdefault(
                 name,
                 {
@@ -123,41 +185,55 @@ def _response_headers(operation: Schema) -> list[dict[str, Any]]:
             entry["statuses"].append(status)
             if header.get("description") and header["description"] not in entry["descriptions"]:
                 entry["descriptions"].append(header["description"])
+    statuses = list(operation["responses"])
+    for entry in headers.values():
+        rest = [s for s in statuses if s not in entry["statuses"]]
+        entry["on"] = (
+            "every answer"
+            if not rest
+            else f"all but {', '.join(rest)}"
+            if len(rest) < len(entry["statuses"])
+            else ", ".join(entry["statuses"])
+        )
     return list(headers.values())
+
+
+def _security(operation: Schema) -> list[str]:
+    return [" + ".join(each) or "none" for each in operation.get("security", [])] or ["none"]
 
 
 @functools.cache
 def docs_context() -> dict[str, Any]:
     document = openapi_document()
+    schemas = document["components"]["schemas"]
     endpoints = []
     for path, item in document["paths"].items():
-        for method, operation in item.items():
-            body = operation.get("requestBody", {}).get("content", {}).get("application/json")
+        for method, op in item.items():
+            body = op.get("requestBody", {}).get("content", {}).get("application/json")
             endpoints.append(
                 {
-                    "id": operation["operationId"],
+                    "id": op["operationId"],
                     "method": method.upper(),
                     "path": path,
-                    "summary": operation["summary"],
-                    "description": operation.get("description", ""),
-                    "security": [" + ".join(each) or "none" for each in operation["security"]]
-                    or ["none"],
+                    "summary": op.get("summary", ""),
+                    "description": op.get("description", ""),
+                    "security": _security(op),
                     "parameters": [
                         {**param, "constraints": _constraints(param["schema"])}
-                        for param in operation.get("parameters", [])
+                        for param in op.get("parameters", [])
                     ],
-                    "body": _pretty(body["schema"]) if body else "",
-                    "responses": _response_rows(operation),
-                    "response_headers": _response_headers(operation),
+                    "body": _body(body["schema"], schemas) if body else None,
+                    "body_example": _example(body) if body else "",
+                    "responses": _response_rows(op),
+                    "response_headers": _response_headers(op),
                 }
             )
-    schemas = [
-        {"name": name, "fields": _fields(schema), "json": _pretty(schema)}
-        for name, schema in document["components"]["schemas"].items()
-    ]
     return {
         "info": document["info"],
         "version": document["openapi"],
         "endpoints": endpoints,
-        "schemas": schemas,
+        "schemas": [
+            {"name": name, "fields": _fields(schema), "json": _pretty(schema)}
+            for name, schema in schemas.items()
+        ],
     }

@@ -262,6 +262,45 @@ def test_status_reads_the_registration_lease_and_the_offer(owner: Cast) -> None:
     }
 
 
+def test_status_advertises_edit_features_and_one_instruction_file_the_way_librechat_reads_them(
+    owner: Cast,
+) -> None:
+    worker = Worker.objects.get(worker_id=owner.worker_id)
+    agents = {"path": "AGENTS.md", "bytes": 45, "sha256": "a" * 64}
+    claude = {"path": "CLAUDE.md", "bytes": 18, "sha256": "c" * 64}
+    edit_ops = ["edit_file", "preview_edit", "read_file"]
+    worker_register(
+        worker=worker,
+        workspaces=[
+            OfferedWorkspace(
+                "app", edit_ops, True, ["expected_base_sha256", "replace_all", "tolerant_match"],
+                [claude, agents],
+            ),
+            OfferedWorkspace("lib", edit_ops, False, ["replace_all", "expected_base_sha256"],
+                             [claude]),
+            # Offers no edits: its features do not narrow what the editing workspaces share.
+            OfferedWorkspace("docs", ["read_file"], False, [], []),
+        ],
+        slots=2,
+        sandbox_profile="bwrap",
+    )  # fmt: skip
+    tools = worker_status(caller=owner.caller, worker_id=owner.worker_id)["capabilities"][
+        "workspaceTools"
+    ]
+    # Worker-wide, in the contract's order: what every editing workspace offers.
+    assert tools["editFileFeatures"] == ["expected_base_sha256", "replace_all"]
+    # LibreChat takes at most one instruction file per workspace (AGENTS.md first), as
+    # {path, bytes, sha256, truncated}; a workspace without one has no such key.
+    assert {w["id"]: w.get("instructions") for w in tools["workspaces"]} == {
+        "app": [{**agents, "truncated": False}],
+        "docs": None,
+        "lib": [{**claude, "truncated": False}],
+    }
+    # Keys LibreChat's status parsers (old and new) accept, and nothing else.
+    for w in tools["workspaces"]:
+        assert set(w) <= {"id", "operations", "instructions"}
+
+
 def test_revoke_kills_the_token_tells_waiting_and_running_calls_and_is_idempotent(
     owner: Cast,
 ) -> None:

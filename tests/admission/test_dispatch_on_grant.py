@@ -189,3 +189,81 @@ def test_a_durable_status_follows_the_call_and_outlives_it_ten_minutes(
     assert done["state"] == "settled" and json.loads(done["payload"]) == {"ok": True}
     assert 10 * 60 * 1000 <= sync_redis.pttl(k.status("a")) <= 16 * 60 * 1000
     assert json.loads(sync_redis.get(k.status("b")) or "{}")["state"] == "admitted"
+
+
+def test_a_settlement_taking_the_next_call_hands_its_envelope_to_the_settler_not_the_broker(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    k = worker_keys(redis_prefix, W)
+
+    async def scenario(q: AsyncQueue) -> Any:
+        first = await enter(q, "a", T0)
+        await enter(q, "b", T0 + 1)
+        await enter(q, "c", T0 + 2)
+        return first
+
+    first = run(scenario, redis_prefix)
+    accepted, handed = sq.settle_taking_next(
+        worker_id=W, entry_id="a", incarnation="inc1", ticket=first.ticket, payload={"ok": True},
+        now_ms=T0 + 10,
+    )  # fmt: skip
+    # b is granted and dispatched in the same step, to the settler only: the broker never
+    # sees it (so no second consumer can take it), and its envelope is gone from Redis.
+    assert (accepted, handed) == (True, "envelope-b")
+    assert pushed(sync_redis) == ["envelope-a"]
+    assert not sync_redis.hexists(k.env, "b")
+    assert sq.grant_of(worker_id=W, entry_id="b") == {
+        "ticket": first.ticket + 1,
+        "slot": 0,
+        "incarnation": "inc1",
+        "execDeadlineMs": T0 + 10 + 30_000,
+    }
+    # c still waits (one slot), and a second settlement of a hands nothing.
+    assert sq.grant_of(worker_id=W, entry_id="c") is None
+    assert sq.settle_taking_next(
+        worker_id=W, entry_id="a", incarnation="inc1", ticket=first.ticket, payload={"ok": True},
+        now_ms=T0 + 11,
+    ) == (False, None)  # fmt: skip
+
+
+def test_a_settlement_granting_two_calls_hands_one_and_pushes_the_other(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    sq.register_incarnation(worker_id=W, incarnation="inc1", slots=2, ttl_ms=30_000, offer=OFFER)
+
+    async def scenario(q: AsyncQueue) -> Any:
+        first = await enter(q, "a", T0)  # key ws
+        await enter(q, "x", T0 + 1, key=("other", ""), exec_budget_ms=1_000)  # second slot
+        await enter(q, "b", T0 + 2)  # waits behind a (same key)
+        await enter(q, "c", T0 + 3, key=("third", ""))  # waits for a slot
+        return first
+
+    first = run(scenario, redis_prefix)
+    assert pushed(sync_redis) == ["envelope-a", "envelope-x"]
+    # Settled after x's exec deadline: the same step prunes x and frees a, so b and c both
+    # start. The settler takes the first (b); c goes through the broker as usual.
+    accepted, handed = sq.settle_taking_next(
+        worker_id=W, entry_id="a", incarnation="inc1", ticket=first.ticket, payload={"ok": True},
+        now_ms=T0 + 1_100,
+    )  # fmt: skip
+    assert (accepted, handed) == (True, "envelope-b")
+    assert pushed(sync_redis) == ["envelope-a", "envelope-x", "envelope-c"]
+    assert sq.grant_of(worker_id=W, entry_id="b") is not None
+    assert sq.grant_of(worker_id=W, entry_id="c") is not None
+
+
+def test_without_taking_the_next_call_goes_to_the_broker(
+    sq: SyncQueue, sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    async def scenario(q: AsyncQueue) -> Any:
+        first = await enter(q, "a", T0)
+        await enter(q, "b", T0 + 1)
+        return first
+
+    first = run(scenario, redis_prefix)
+    # A worker in its warm shutdown takes nothing more.
+    assert sq.settle_taking_next(
+        worker_id=W, entry_id="a", incarnation="inc1", ticket=first.ticket, payload={"ok": True},
+        now_ms=T0 + 10, take_next=False,
+    ) == (True, None)  # fmt: skip
+    assert pushed(sync_redis) == ["envelope-a", "envelope-b"]

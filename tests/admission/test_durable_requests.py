@@ -15,7 +15,7 @@ from livesupport import git_workspace, start_api
 from test_admission_capacity import held
 
 from admission.models import CompletionLog
-from admission.queue import worker_keys
+from admission.queue import durable_index_key, worker_keys
 
 REQUESTS = "/v1/workspace-tools/requests"
 
@@ -85,9 +85,9 @@ def test_a_durable_call_survives_the_death_of_the_process_that_accepted_it(
     assert done["result"]["exitCode"] == 0
     assert marker.read_text() == "once\n"
     wait_until(lambda: len(_rows(rid)) == 1, timeout_s=10)
-    # More lookups (from any process) write no second row.
+    # More lookups (from any process) write no second row: the draft is spent.
     _poll(api.url, owner, rid, {"completed"})
-    time.sleep(0.5)
+    wait_until(lambda: _owed(owner.worker_id) == ([], ["done"]), timeout_s=10)
     assert _rows(rid) == [(200, "")]
 
 
@@ -163,3 +163,83 @@ def test_a_completed_status_is_kept_at_least_ten_minutes_and_not_for_ever(
         assert 10 * 60 * 1000 <= client.pttl(keys[0]) <= 16 * 60 * 1000
     finally:
         client.close()
+
+
+def _owed(worker_id: str) -> tuple[list[str], list[str]]:
+    """(index members of this worker's durable calls owing a row, its row keys' values)."""
+    client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
+    try:
+        prefix = settings.REDIS_KEY_PREFIX
+        listed: Any = client.zrange(durable_index_key(prefix), 0, -1)
+        members = [str(m) for m in listed if str(m).startswith(worker_id + " ")]
+        row_prefix = worker_keys(prefix, worker_id).row_prefix
+        values = [
+            str(client.get(k) or "")
+            for k in client.scan_iter(match=row_prefix + "*")
+            if not k.endswith((":req", ":claim"))
+        ]
+        return members, values
+    finally:
+        client.close()
+
+
+def test_a_call_nobody_asks_about_leaves_one_row_after_its_process_is_killed(
+    live_env, api, account_factory, worker_factory, tmp_path
+):
+    owner = account_factory()
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
+    doomed = start_api(live_env)
+    rid = _rid()
+    marker = tmp_path / "a" / "ran.txt"
+    try:
+        with httpx.Client(base_url=doomed.url, timeout=10) as http:
+            r = http.post(
+                REQUESTS,
+                json=command("a", "sleep 1; echo once >> ran.txt"),
+                headers=_headers(owner, rid),
+            )
+            assert r.status_code == 202, r.text
+            doomed.process.signal(signal.SIGKILL)
+        assert r.json() == {"requestId": rid, "state": "admitted"}
+    finally:
+        doomed.process.kill_group()
+    # Nobody reads its status: the drainer's sweep writes its row once it has ended.
+    wait_until(lambda: marker.exists() and len(_rows(rid)) >= 1, timeout_s=30)
+    wait_until(lambda: _owed(owner.worker_id) == ([], ["done"]), timeout_s=10)
+    assert marker.read_text() == "once\n"
+    row = CompletionLog.objects.get(request_id=rid)
+    assert (row.http_status, row.code, row.outcome) == (200, "", "completed")
+    assert (row.worker_id, row.operation, row.workspace_id) == (
+        owner.worker_id,
+        "execute_command",
+        "a",
+    )
+    assert row.admission_outcome == "admitted" and row.slot_index == 0
+    assert row.queue_wait_ms is not None and 0 <= row.queue_wait_ms < 1000
+    assert row.exec_ms is not None and row.exec_ms >= 1000
+    assert row.fencing_ticket is not None and row.duration_ms >= row.exec_ms
+
+
+def test_a_queued_call_outlives_the_graceful_stop_of_the_process_that_accepted_it(
+    live_env, api, account_factory, worker_factory, tmp_path
+):
+    owner = account_factory()
+    worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=1)
+    leaving = start_api(live_env)
+    first, second = _rid(), _rid()
+    marker = tmp_path / "a" / "ran.txt"
+    try:
+        with httpx.Client(base_url=leaving.url, timeout=10) as http:
+            r = http.post(REQUESTS, json=command("a", "sleep 1"), headers=_headers(owner, first))
+            assert r.status_code == 202 and r.json()["state"] == "admitted", r.text
+            r = http.post(
+                REQUESTS, json=command("a", "echo once >> ran.txt"), headers=_headers(owner, second)
+            )
+            assert r.status_code == 202 and r.json()["state"] == "queued", r.text
+        # A deploy stops the process (SIGTERM): the queued call must not leave its queue.
+        assert leaving.process.stop() in (0, -signal.SIGTERM)
+    finally:
+        leaving.process.kill_group()
+    wait_until(lambda: len(_rows(first)) == 1 and len(_rows(second)) == 1, timeout_s=30)
+    assert _rows(second) == [(200, "")] and _rows(first) == [(200, "")]
+    assert marker.read_text() == "once\n"

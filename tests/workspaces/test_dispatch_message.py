@@ -17,7 +17,13 @@ from django.conf import settings
 from kombu.utils.json import loads as kombu_loads
 
 from admission.connections import async_broker
-from workspaces.dispatch import assignment_dispatch, broker_queue_key, worker_queue_name
+from workspaces.dispatch import (
+    assignment_dispatch,
+    assignment_message,
+    assignment_of_message,
+    broker_queue_key,
+    worker_queue_name,
+)
 from workspaces.tasks import run_assignment
 
 ASSIGNMENT = {
@@ -96,3 +102,20 @@ def test_the_published_message_is_the_one_apply_async_writes(broker: Any) -> Non
         assert ours["properties"][name] == theirs["properties"][name], name
     assert ours["properties"]["correlation_id"] == ours["headers"]["id"]
     assert ours["properties"]["delivery_tag"] != theirs["properties"]["delivery_tag"]
+
+
+def test_a_handed_over_message_reads_back_as_its_assignment_until_it_expires() -> None:
+    # The settle script may hand a granted call's message to the settling worker thread
+    # (a same-worker handoff); the thread reads it as Celery would have.
+    later = datetime.fromtimestamp(time.time() + 60, tz=UTC)
+    _, message = assignment_message(ASSIGNMENT, expires=later)
+    assert assignment_of_message(message) == ASSIGNMENT
+    # Past its expiry Celery drops a message unrun; so does the handoff.
+    earlier = datetime.fromtimestamp(time.time() - 1, tz=UTC)
+    assert assignment_of_message(assignment_message(ASSIGNMENT, expires=earlier)[1]) is None
+    # Anything else is not an assignment.
+    other = json.loads(message)
+    other["headers"]["task"] = "some.other.task"
+    assert assignment_of_message(json.dumps(other)) is None
+    assert assignment_of_message("not json") is None
+    assert assignment_of_message(json.dumps({"headers": {}})) is None

@@ -4,7 +4,9 @@ Matching is exact by default, line endings included: a CRLF file is matched and 
 and an ``oldText`` written with bare ``\\n`` does not match it (EDIT_CONFLICT rather than a
 guess). ``matching: "tolerant"`` falls back to the whitespace-tolerant strategies of
 ``matching.py`` (contract §2.2.1). Either way an edit applies exactly once, or to every
-occurrence with ``replaceAll``, or the whole call fails and nothing is written.
+occurrence with ``replaceAll``, or the whole call fails and nothing is written. A failing call
+still tries every edit, so its EDIT_CONFLICT names each one that did not match
+(``conflicts.py``).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import cast
 
 from sluice_protocol import edit_reports_matches
 
+from workspaces.operations.conflicts import conflict_message
 from workspaces.operations.errors import OperationError, check_deadline
 from workspaces.operations.files import atomic_write
-from workspaces.operations.matching import apply_one
+from workspaces.operations.matching import Unmatched, apply_one
 from workspaces.operations.paths import describe, open_regular, resolve_for_write
 
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -45,11 +48,16 @@ class EditPlan:
 def _apply(
     text: str, edits: list[dict[str, object]], rel: str, *, tolerant: bool
 ) -> tuple[str, list[dict[str, object]]]:
-    matches: list[dict[str, object]] = []
+    """Every edit is tried, each on the text the earlier matching ones left, so one answer
+    names every edit that failed (and its line numbers mean that text); then the call fails
+    if any did."""
     for number, edit in enumerate(edits, start=1):
         if not edit["oldText"]:
             raise OperationError("INVALID_REQUEST", f"Edit {number} has an empty oldText.")
-        applied = apply_one(
+    matches: list[dict[str, object]] = []
+    failures: list[tuple[int, str]] = []
+    for number, edit in enumerate(edits, start=1):
+        outcome = apply_one(
             text,
             edit,
             tolerant=tolerant,
@@ -57,8 +65,13 @@ def _apply(
             where=describe(rel),
             max_chars=EDIT_MAX_BYTES,
         )
-        text = applied.text
-        matches.append({"strategy": applied.strategy, "occurrences": applied.occurrences})
+        if isinstance(outcome, Unmatched):
+            failures.append((number, outcome.reason))
+            continue
+        text = outcome.text
+        matches.append({"strategy": outcome.strategy, "occurrences": outcome.occurrences})
+    if failures:
+        raise OperationError("EDIT_CONFLICT", conflict_message(len(edits), failures))
     return text, matches
 
 
@@ -73,6 +86,15 @@ def plan_edit(request: dict[str, object], *, root: str) -> EditPlan:
     if len(raw) > EDIT_MAX_BYTES:
         raise OperationError(
             "READ_LIMIT_EXCEEDED", f"{describe(rel)} is larger than {EDIT_MAX_BYTES} bytes."
+        )
+    base_sha256 = hashlib.sha256(raw).hexdigest()
+    # Checked before the edits are tried: against a file the caller has not seen, the
+    # conflict to report is the stale base, not line numbers in text it never read.
+    # (Only edit_file carries expectedBaseSha256, so a preview plans the same way.)
+    expected = request.get("expectedBaseSha256")
+    if expected is not None and str(expected).lower() != base_sha256:
+        raise OperationError(
+            "EDIT_CONFLICT", f"{describe(rel)} changed since expectedBaseSha256 was taken."
         )
     has_bom = raw.startswith(UTF8_BOM)
     try:
@@ -94,7 +116,7 @@ def plan_edit(request: dict[str, object], *, root: str) -> EditPlan:
         real=real,
         rel=rel,
         before=before,
-        base_sha256=hashlib.sha256(raw).hexdigest(),
+        base_sha256=base_sha256,
         has_bom=has_bom,
         new_text=new_text,
         new_bytes=new_bytes,
@@ -124,11 +146,6 @@ def preview_edit(request: dict[str, object], *, root: str, deadline: float) -> d
 
 def edit_file(request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
     plan = plan_edit(request, root=root)
-    expected = request.get("expectedBaseSha256")
-    if expected is not None and str(expected).lower() != plan.base_sha256:
-        raise OperationError(
-            "EDIT_CONFLICT", f"{describe(plan.rel)} changed since expectedBaseSha256 was taken."
-        )
     check_deadline(deadline, "WRITE_TIMEOUT")
     # Narrows (does not close) the window in which another process changes the file between
     # our read and the rename; a change seen here is a conflict and nothing is written.

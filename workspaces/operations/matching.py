@@ -15,6 +15,10 @@ Tolerant strategies compare text that differs only in whitespace:
   indentation (so the block may sit at another depth, but its inner shape must agree); the
   replacement is moved to the file's indentation.
 
+An edit that does not match is not an exception but an ``Unmatched`` carrying its clause of
+the EDIT_CONFLICT message (``conflicts.py``), so the caller can try the remaining edits and
+name every failure at once.
+
 Line-window matches span whole lines, keep the file's own line terminators and give the
 replacement the terminator style (LF or CRLF) found where it lands. Every search is linear in
 the file (KMP over lines or tokens), except the indentation check of repeated candidates,
@@ -29,10 +33,21 @@ from dataclasses import dataclass
 
 from sluice_protocol import TOLERANT_STRATEGIES
 
+from workspaces.operations.conflicts import (
+    ambiguous_reason,
+    exact_places,
+    locate,
+    not_found_reason,
+)
 from workspaces.operations.errors import OperationError
 
 # Line comparisons the indentation-flexible strategy may spend on one edit.
 MAX_INDENT_VERIFICATIONS = 100_000
+# Distinct words of oldText looked up before a tolerant search (each is one scan of the file).
+TOKEN_SAMPLE = 64
+# An exact edit that is not found names the place a tolerant one would have taken only in a
+# file up to this size: that search is a Python step per line, which exact edits never pay.
+WHITESPACE_HINT_MAX_CHARS = 1024 * 1024
 _TOKEN = re.compile(r"\S+")
 _INDENT = re.compile(r"[ \t]*")
 
@@ -285,10 +300,67 @@ def _splice(text: str, spans: list[Span]) -> str:
     return "".join(parts)
 
 
+@dataclass(frozen=True)
+class Unmatched:
+    """An edit that did not apply; ``reason`` is its clause of the EDIT_CONFLICT message."""
+
+    reason: str
+
+
+def _tokens_present(text: str, old: str) -> bool:
+    """False when some word of ``old`` is nowhere in ``text``: every strategy only forgives
+    whitespace, so then none can match, and a not-found edit is told so without a Python step
+    per line. A sample of the words keeps this cheap for a large ``old``."""
+    words = dict.fromkeys(_TOKEN.findall(old))
+    return all(word in text for word in list(words)[:TOKEN_SAMPLE])
+
+
+def _first_tolerant(
+    text: str, old: str, new: str, replace_all: bool
+) -> tuple[str, list[Span]] | str | None:
+    """What a tolerant edit takes: (strategy, spans) of the first strategy that matches
+    unambiguously, else the name of the first one that matched more than once, else None.
+    Raises TooRepetitive."""
+    if not _tokens_present(text, old):
+        return None
+    first_ambiguous: str | None = None
+    for strategy, find in _TOLERANT.items():
+        spans = find(text, old, new, None if replace_all else 2)
+        if replace_all:
+            spans = _disjoint(spans)
+        if len(spans) == 1 or (replace_all and spans):
+            return strategy, spans
+        if spans and first_ambiguous is None:
+            first_ambiguous = strategy
+    return first_ambiguous
+
+
+def _line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def _not_found(text: str, old: str, new: str, replace_all: bool, *, tolerant: bool) -> Unmatched:
+    whitespace: tuple[int, str] | None = None
+    if not tolerant and len(text) <= WHITESPACE_HINT_MAX_CHARS:
+        # The hint names the place a tolerant edit would have taken; a search too repetitive
+        # to finish only loses the hint.
+        try:
+            found = _first_tolerant(text, old, new, replace_all)
+        except TooRepetitive:
+            found = None
+        if isinstance(found, tuple):
+            strategy, spans = found
+            whitespace = (_line_of(text, spans[0].start), strategy)
+    return Unmatched(not_found_reason(text, old, whitespace=whitespace))
+
+
 def apply_one(
     text: str, edit: dict[str, object], *, tolerant: bool, number: int, where: str, max_chars: int
-) -> Applied:
-    """Apply edit ``number`` (1-based) to ``text`` or raise EDIT_CONFLICT naming why."""
+) -> Applied | Unmatched:
+    """Apply edit ``number`` (1-based) to ``text``, or say why it does not match.
+
+    Raises EDIT_CONFLICT only when the search itself is refused (too repetitive), and
+    WRITE_LIMIT_EXCEEDED when the result would be too large."""
     old, new = str(edit["oldText"]), str(edit["newText"])
     replace_all = edit.get("replaceAll") is True
     seen, occurrences = _exact(text, old, replace_all)
@@ -301,38 +373,25 @@ def apply_one(
         result = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         return Applied(result, "exact", occurrences)
     if seen > 1:
-        raise _ambiguous(number, where, "exact")
+        return Unmatched(ambiguous_reason("exact", exact_places(text, old)))
     if not tolerant:
-        raise OperationError("EDIT_CONFLICT", f"Edit {number}: oldText was not found in {where}.")
-    first_ambiguous: str | None = None
-    for strategy, find in _TOLERANT.items():
-        try:
-            spans = find(text, old, new, None if replace_all else 2)
-        except TooRepetitive:
-            raise OperationError(
-                "EDIT_CONFLICT",
-                f"Edit {number}: oldText has too many repetitive candidates in {where}; "
-                "include more surrounding lines.",
-            ) from None
-        if replace_all:
-            spans = _disjoint(spans)
-        if len(spans) == 1 or (replace_all and spans):
-            _projected(text, spans, max_chars)
-            return Applied(_splice(text, spans), strategy, len(spans))
-        if spans and first_ambiguous is None:
-            first_ambiguous = strategy
-    if first_ambiguous is not None:
-        raise _ambiguous(number, where, first_ambiguous)
-    raise OperationError(
-        "EDIT_CONFLICT",
-        f"Edit {number}: oldText was not found in {where}, not even ignoring whitespace.",
-    )
-
-
-def _ambiguous(number: int, where: str, strategy: str) -> OperationError:
-    how = "" if strategy == "exact" else f" ({strategy})"
-    return OperationError(
-        "EDIT_CONFLICT",
-        f"Edit {number}: oldText matches more than one place{how} in {where}; "
-        "add surrounding lines or set replaceAll.",
-    )
+        return _not_found(text, old, new, replace_all, tolerant=False)
+    try:
+        found = _first_tolerant(text, old, new, replace_all)
+    except TooRepetitive:
+        raise OperationError(
+            "EDIT_CONFLICT",
+            f"Edit {number}: oldText has too many repetitive candidates in {where}; "
+            "include more surrounding lines.",
+        ) from None
+    if isinstance(found, tuple):
+        strategy, spans = found
+        _projected(text, spans, max_chars)
+        return Applied(_splice(text, spans), strategy, len(spans))
+    if found is not None:
+        # Never indentation-flexible: its every match is a line-trimmed one, so line-trimmed
+        # was ambiguous first (or applied). Counting every place therefore cannot run into
+        # the indentation budget.
+        spans = _TOLERANT[found](text, old, new, None)
+        return Unmatched(ambiguous_reason(found, locate(text, [span.start for span in spans])))
+    return _not_found(text, old, new, replace_all, tolerant=True)

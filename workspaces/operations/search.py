@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from sluice_protocol import MATCH_TEXT_MAX_CHARS, cut_utf16
+from sluice_protocol import MATCH_TEXT_MAX_CHARS, cut_utf16, utf16_length
 
 from workspaces.operations.errors import OperationError, check_deadline
 from workspaces.operations.paths import iter_tree, open_regular, resolve
@@ -36,6 +36,26 @@ def _read_text(real: str, rel: str) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
+def _excerpt(line: str, column: int, query: str) -> str:
+    """The line, or when it is longer than MATCH_TEXT_MAX_CHARS UTF-16 units a window of it
+    that holds the match: from the line start while the match fits there, else starting a
+    little before the match (``column`` still counts from the line start)."""
+    start = column - 1
+    head = cut_utf16(line, MATCH_TEXT_MAX_CHARS)
+    if len(head) >= start + len(query):
+        return head
+    # Up to a quarter of the room left by the query goes to the text before the match; a
+    # query longer than the room starts the window (and is cut with it).
+    lead = max(0, (MATCH_TEXT_MAX_CHARS - utf16_length(query)) // 4)
+    begin, used = start, 0
+    while begin > 0:
+        width = 2 if ord(line[begin - 1]) > 0xFFFF else 1
+        if used + width > lead:
+            break
+        begin, used = begin - 1, used + width
+    return cut_utf16(line[begin:], MATCH_TEXT_MAX_CHARS)
+
+
 def _file_matches(text: str, query: str, path: str, limit: int) -> list[dict[str, object]]:
     """Up to ``limit`` matches, one per line: the first occurrence on each line."""
     matches: list[dict[str, object]] = []
@@ -51,12 +71,13 @@ def _file_matches(text: str, query: str, path: str, limit: int) -> list[dict[str
         line = text[line_start:line_end]
         if line.endswith("\r"):
             line = line[:-1]
+        column = pos - line_start + 1
         matches.append(
             {
                 "path": path,
                 "line": line_no,
-                "column": pos - line_start + 1,
-                "text": cut_utf16(line, MATCH_TEXT_MAX_CHARS),
+                "column": column,
+                "text": _excerpt(line, column, query),
             }
         )
         # The query holds no newline (validation refuses CR/LF), so no match spans lines and

@@ -9,6 +9,7 @@ from typing import Any
 from redis.exceptions import RedisError
 from sluice_protocol import MAX_ERROR_CHARS, MUTATING_OPERATIONS
 
+from workspaces.dispatch import assignment_of_message
 from workspaces.operations import (
     Confinement,
     OperationError,
@@ -44,15 +45,26 @@ def _error(code: str, message: str, *, quarantine: bool = False) -> dict[str, An
 
 
 def assignment_run(assignment: dict[str, Any]) -> None:
+    """Run an assignment Celery delivered, then each call its settlement hands back: when a
+    settlement grants the next call on this worker, the settle script gives this thread that
+    call's message instead of pushing it onto the Celery queue (a same-key handoff then costs
+    one Redis round trip, not a broker hop). Every handed call goes through the same checks."""
     st = worker_state.current()
     if st is None:
         log.error("assignment received outside a running worker; dropped")
         return
+    following: dict[str, Any] | None = assignment
+    while following is not None:
+        following = _run_one(st, following)
+
+
+def _run_one(st: worker_state.WorkerState, assignment: dict[str, Any]) -> dict[str, Any] | None:
+    """Run one assignment at most once; returns the next one its settlement handed over."""
     if not verify(st.signing_key, "assignment", unsigned(assignment), assignment.get("sig")):
         # Not from the API: another broker client (e.g. another tenant's worker) forged it.
         st.count_drop("forged")
         log.warning("assignment with a bad signature dropped", extra={"worker_id": st.worker_id})
-        return
+        return None
     fields: dict[str, Any] = {"worker_id": st.worker_id, "entry": assignment.get("assignmentId")}
     if (
         assignment.get("incarnation") != st.incarnation
@@ -60,7 +72,7 @@ def assignment_run(assignment: dict[str, Any]) -> None:
     ):
         st.count_drop("stale")
         log.warning("assignment for another incarnation dropped", extra=fields)
-        return
+        return None
     # The grant facts come from the call's entry, which only the granting script writes: the
     # message that carried the assignment was prepared before the grant and names none.
     try:
@@ -69,43 +81,54 @@ def assignment_run(assignment: dict[str, Any]) -> None:
         )
     except RedisError:
         log.error("could not read the grant: Redis unavailable; not started", extra=fields)
-        return
+        return None
     if granted is None or granted["incarnation"] != st.incarnation:
         # Settled, expired or never granted: a replay, or a call that is over.
         st.count_drop("expired")
         log.warning("assignment without a live grant dropped", extra=fields)
-        return
+        return None
     ticket = int(granted["ticket"])
     fields.update(ticket=ticket, slot=granted["slot"])
     assignment = {**assignment, **granted}
     if not st.first_sight(ticket, REMEMBER_TICKET_S):
         st.count_drop("duplicate")
         log.warning("duplicate delivery dropped", extra=fields)
-        return
+        return None
     remaining_ms = float(assignment["execDeadlineMs"]) - st.redis_now_ms()
     if remaining_ms <= 0:
         st.count_drop("expired")
         log.warning("assignment past its deadline dropped", extra=fields)
-        return
+        return None
     payload = _execute(st, assignment, remaining_ms)
     entry_id = str(assignment["assignmentId"])
     payload["sig"] = sign(st.signing_key, "settlement", {"entry": entry_id, "payload": payload})
     try:
-        accepted = st.queue.settle(
+        accepted, handed = st.queue.settle_taking_next(
             worker_id=st.worker_id,
             entry_id=entry_id,
             incarnation=st.incarnation,
             ticket=ticket,
             payload=payload,
+            take_next=not st.stopping.is_set(),
         )
     except RedisError:
         # Logged without the assignment: its request holds file content or command text.
         log.error(
             "settlement failed: Redis unavailable; the call ends at its deadline", extra=fields
         )
-        return
+        return None
     if not accepted:
         log.warning("settlement discarded: the assignment is no longer live", extra=fields)
+        return None
+    if handed is None:
+        return None
+    following = assignment_of_message(handed)
+    if following is None:
+        # Not a message the API builds, or past its expiry: dropped as Celery would drop it;
+        # the call ends at its exec deadline.
+        st.count_drop("expired")
+        log.warning("handed-over assignment unreadable or expired; dropped", extra=fields)
+    return following
 
 
 def _execute(

@@ -18,7 +18,7 @@ from workspaces.sandbox import Sandbox
 class SettlementQueue(Protocol):
     """What a running worker needs of admission's queue (admission.queue.SyncQueue, which
     `runworker` hands in): the Redis client for its clock, a call's grant facts, and the
-    settle script."""
+    settle script (which may hand back the next call it granted on this worker)."""
 
     client: Any
 
@@ -34,6 +34,18 @@ class SettlementQueue(Protocol):
         payload: dict[str, Any],
         now_ms: int | None = None,
     ) -> bool: ...
+
+    def settle_taking_next(
+        self,
+        *,
+        worker_id: str,
+        entry_id: str,
+        incarnation: str,
+        ticket: int,
+        payload: dict[str, Any],
+        now_ms: int | None = None,
+        take_next: bool = True,
+    ) -> tuple[bool, str | None]: ...
 
 
 @dataclass
@@ -56,6 +68,9 @@ class WorkerState:
         default_factory=lambda: {"stale": 0, "duplicate": 0, "expired": 0}
     )
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set when the worker starts its warm shutdown: a settling thread then takes no next call
+    # (those go to the Celery queue, which is no longer consumed, and end at their deadline).
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def redis_now_ms(self) -> float:
         return time.time() * 1000 + self.clock_offset_ms

@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from librechat_rules import assert_librechat_accepts_edit, assert_librechat_accepts_read
+from librechat_rules import (
+    assert_librechat_accepts_edit,
+    assert_librechat_accepts_read,
+    edit_conflict_report,
+)
 from sluice_protocol import validate_request, validate_result
 
 from workspaces.operations import OperationError, run_operation
@@ -108,23 +112,25 @@ def test_tolerant_strategies_apply_the_first_unambiguous_match(
     assert result["matches"] == [{"strategy": strategy, "occurrences": occurrences}]
 
 
-# (file text, edit, matching or None, what the refusal says)
+# (file text, edit, matching or None, the failure LibreChat reads from the refusal)
+AMBIGUOUS_EXACT = {"kind": "ambiguous", "strategy": "exact"}
+NOT_FOUND = {"kind": "not_found"}
 CONFLICT_CASES = [
-    pytest.param("ab ab\n", _edit("ab", "x"), None, "more than one place", id="exact-twice"),
-    pytest.param("aaa\n", _edit("aa", "x"), None, "more than one place", id="overlapping-counts"),
-    pytest.param("ab ab\n", _edit("ab", "x"), "tolerant", "more than one place", id="exact-ambiguous-does-not-fall-back"),
-    pytest.param("x = 1\n", _edit("x  =  1", "y"), None, "not found", id="exact-only-without-tolerant"),
-    pytest.param("x = 1\n", _edit("x  =  1", "y"), "exact", "not found", id="explicit-exact"),
+    pytest.param("ab ab\n", _edit("ab", "x"), None, AMBIGUOUS_EXACT, id="exact-twice"),
+    pytest.param("aaa\n", _edit("aa", "x"), None, AMBIGUOUS_EXACT, id="overlapping-counts"),
+    pytest.param("ab ab\n", _edit("ab", "x"), "tolerant", AMBIGUOUS_EXACT, id="exact-ambiguous-does-not-fall-back"),
+    pytest.param("x = 1\n", _edit("x  =  1", "y"), None, NOT_FOUND, id="exact-only-without-tolerant"),
+    pytest.param("x = 1\n", _edit("x  =  1", "y"), "exact", NOT_FOUND, id="explicit-exact"),
     pytest.param(
         "  if a:\n    b\n  if a:\n    b\n", _edit("if a:\n  b", "Q"), "tolerant",
-        "more than one place (line-trimmed)", id="tolerant-ambiguous-everywhere",
+        {"kind": "ambiguous", "strategy": "line-trimmed"}, id="tolerant-ambiguous-everywhere",
     ),
-    pytest.param("abc\n", _edit("zzz yyy", "q"), "tolerant", "not even ignoring", id="tolerant-not-found"),
-    pytest.param("alpha beta\n", _edit("alph  beta", "q"), "tolerant", "not even", id="whole-tokens-only"),
+    pytest.param("abc\n", _edit("zzz yyy", "q"), "tolerant", NOT_FOUND, id="tolerant-not-found"),
+    pytest.param("alpha beta\n", _edit("alph  beta", "q"), "tolerant", NOT_FOUND, id="whole-tokens-only"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("text", "edit", "matching", "says"), CONFLICT_CASES)
+@pytest.mark.parametrize(("text", "edit", "matching", "failure"), CONFLICT_CASES)
 @pytest.mark.parametrize("operation", ["preview_edit", "edit_file"])
 def test_a_missing_or_ambiguous_edit_is_a_conflict_and_writes_nothing(
     workspace: Path,
@@ -132,12 +138,16 @@ def test_a_missing_or_ambiguous_edit_is_a_conflict_and_writes_nothing(
     text: str,
     edit: dict[str, Any],
     matching: str | None,
-    says: str,
+    failure: dict[str, str],
 ) -> None:
     (workspace / "f.txt").write_bytes(text.encode())
     extra = {} if matching is None else {"matching": matching}
     error = _refused(workspace, operation, path="f.txt", edits=[edit], **extra)
-    assert error.code == "EDIT_CONFLICT" and says in error.message
+    assert error.code == "EDIT_CONFLICT"
+    report = edit_conflict_report(error.message)
+    assert report is not None, error.message
+    [reported] = report["failures"]
+    assert {key: reported.get(key) for key in failure} == failure
     assert (workspace / "f.txt").read_bytes() == text.encode()
     assert [p.name for p in workspace.iterdir()] == ["f.txt"]
 

@@ -185,6 +185,23 @@ def test_a_credentials_file_the_worker_names_is_hidden_with_its_directory(
     assert "No such file" in result["stderr"]
 
 
+def test_a_command_holds_no_capability_so_it_cannot_unmount_what_hides_a_secret(
+    boxed: Run, base_dir: Path, repo: Path, scratch: Path
+) -> None:
+    # A worker run as root (a container, this CI) must not hand root's capabilities into the
+    # sandbox: with CAP_SYS_ADMIN a command unmounts the tmpfs that hides the code base, or
+    # remounts / read-write, and reaches everything the sandbox hides.
+    caps = boxed("grep -E '^Cap(Eff|Prm|Bnd):' /proc/self/status")["stdout"]
+    assert {line.split()[1] for line in caps.splitlines()} == {"0000000000000000"}, caps
+    escape = boxed(
+        f"umount -l {base_dir} 2>&1; umount -l {base_dir.parent} 2>&1; "
+        f"mount -o remount,rw,bind / 2>&1; cat {base_dir}/var/local-secret-key; "
+        f"echo x > {scratch}/escaped"
+    )
+    assert "BASE-DIR-SECRET" not in escape["stdout"] + escape["stderr"]
+    assert not (scratch / "escaped").exists()
+
+
 def test_other_workspaces_of_the_worker_are_hidden_and_unwritable(boxed: Run, other: Path) -> None:
     result = boxed(f"ls -A {other}; touch {other}/planted")
     assert result["stdout"] == ""

@@ -132,3 +132,57 @@ def test_a_line_of_emoji_is_cut_by_utf16_units_as_librechat_counts_them(
     assert match["text"] == "needle " + "\U0001f600" * 996
     units = len(match["text"].encode("utf-16-le")) // 2
     assert units <= MATCH_TEXT_MAX_CHARS and units > MATCH_TEXT_MAX_CHARS - 2
+
+
+def _window_of(line: str, text: str, column: int, query: str) -> int:
+    """Where ``text`` starts in ``line``, after checking it is a slice that holds the match."""
+    begin = line.find(text)
+    assert begin >= 0, "text is not a slice of the line"
+    assert line[column - 1 :].startswith(query), "column is not the match's column in the line"
+    assert begin <= column - 1 and column - 1 + len(query) <= begin + len(text)
+    return begin
+
+
+# (line, query, where the match starts in the line)
+LONG_LINE_CASES = [
+    pytest.param("x" * 3001 + "needle" + "y" * 5000, "needle", 3001, id="match-at-column-3002"),
+    pytest.param("\U0001f600" * 1500 + "needle" + "z" * 100, "needle", 1500, id="emoji-before-the-match"),
+    pytest.param("a" * 1995 + "needle" + "b" * 3000, "needle", 1995, id="match-crossing-the-2000-cut"),
+    pytest.param("c" * 9000 + "needle", "needle", 9000, id="match-at-the-line-end"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("line", "query", "offset"), LONG_LINE_CASES)
+def test_a_match_past_the_first_2000_units_gets_a_window_that_holds_it(
+    workspace: Path, run: Run, line: str, query: str, offset: int
+) -> None:
+    _write(workspace, {"long.txt": "short\n" + line + "\n"})
+    result = run("search_text", query=query)
+    assert search_result_problem({"maxResults": 50}, result) is None
+    (match,) = result["matches"]
+    assert (match["line"], match["column"]) == (2, offset + 1)
+    begin = _window_of(line, match["text"], match["column"], query)
+    units = len(match["text"].encode("utf-16-le")) // 2
+    assert begin > 0 and units <= MATCH_TEXT_MAX_CHARS
+    # Some of the line before the match is kept, and the window is as long as allowed.
+    assert begin < offset
+    assert units > MATCH_TEXT_MAX_CHARS - 2 or begin + len(match["text"]) == len(line)
+
+
+def test_a_match_inside_the_first_2000_units_keeps_the_line_start(
+    workspace: Path, run: Run
+) -> None:
+    line = "y" * 1000 + "needle" + "y" * 5000
+    _write(workspace, {"a.txt": line + "\n"})
+    (match,) = run("search_text", query="needle")["matches"]
+    assert (match["column"], match["text"]) == (1001, line[:MATCH_TEXT_MAX_CHARS])
+
+
+def test_a_query_longer_than_the_window_starts_it(workspace: Path, run: Run) -> None:
+    query = "q" * 2500
+    line = "p" * 100 + query + "r" * 100
+    _write(workspace, {"a.txt": line + "\n"})
+    result = run("search_text", query=query)
+    assert search_result_problem({"maxResults": 50}, result) is None
+    (match,) = result["matches"]
+    assert (match["column"], match["text"]) == (101, query[:MATCH_TEXT_MAX_CHARS])

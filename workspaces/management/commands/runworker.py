@@ -229,6 +229,13 @@ class Command(BaseCommand):
             target=self._heartbeat, args=(control, state, stop, offered, slots), daemon=True
         )
         beat.start()
+        from celery.signals import worker_shutting_down
+
+        def shutting_down(**_: Any) -> None:
+            # From now on a settling thread takes no next call (assignments.py).
+            state.stopping.set()
+
+        worker_shutting_down.connect(shutting_down, weak=False)
         try:
             self._consume(answer["queue"], int(answer["slots"]))
         finally:

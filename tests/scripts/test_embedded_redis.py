@@ -1,0 +1,54 @@
+"""The embedded Redis `make run` starts (scripts/devprocs.py) refuses a client without its
+password: a workspace command can reach any loopback port, and a passwordless default user
+would give it every key, past the demo worker's own ACL user."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from livesupport import free_port, wait_until
+
+from scripts.devprocs import embedded_redis
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[Path, str, int]]:
+    port = free_port()
+    args, url = embedded_redis(tmp_path / "redis", port)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield tmp_path / "redis", url, port
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_the_embedded_redis_answers_only_with_its_password(
+    server: tuple[Path, str, int],
+) -> None:
+    data, url, port = server
+    owner = redis.Redis.from_url(url, socket_connect_timeout=1)
+    wait_until(lambda: _pings(owner), timeout_s=15)
+    # The password lives only in the URL the instance hands its own processes and in a file
+    # nobody else can read.
+    assert stat.S_IMODE((data / "redis.conf").stat().st_mode) == 0o600
+    assert owner.set("k", "v") and owner.get("k") == b"v"
+    stranger = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+    with pytest.raises(redis.AuthenticationError):
+        stranger.get("k")
+    with pytest.raises(redis.AuthenticationError):
+        stranger.execute_command("MONITOR")
+    owner.close()
+    stranger.close()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False

@@ -1,0 +1,287 @@
+"""The EDIT_CONFLICT explanation of edits that did not match, in the shape LibreChat parses.
+
+LibreChat's workspace client (``parseEditConflict``) reads these messages back into facts:
+which edit failed, whether its ``oldText`` was missing or ambiguous, the line numbers, and
+hints. A message that strays from the shape below gives the model no hints at all, so every
+sentence here is fixed text around numbers (docs/api.md, "Edit conflict messages"):
+
+* one edit:  ``Workspace edit did not apply and nothing was written: <reason>.``
+* a batch:   ``<F> of <N> workspace edits did not apply, so nothing was written. Every other
+  edit matched.``, one ``Edit <i>: <reason>.`` line per failing edit (those that do not fit
+  the length budget are counted in ``<k> more failing edit(s) not shown.``), and last
+  ``Line numbers account for the earlier edits in this batch.``
+
+A reason is ``old_text matched <n> locations[ (<strategy>)] at line(s) ...; include more
+surrounding lines so it matches exactly one`` or ``old_text was not found`` plus the hints
+that hold. The one piece of file content quoted, the closest line, is cut short and kept on
+one line, since a line break in it would end the message's line for the parser.
+"""
+
+from __future__ import annotations
+
+import difflib
+import heapq
+import itertools
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence
+
+from sluice_protocol import EDIT_MATCH_STRATEGIES, MAX_ERROR_CHARS
+
+# LibreChat accepts up to 8,192 characters, but the worker cuts any error at MAX_ERROR_CHARS,
+# and a cut message no longer parses.
+MESSAGE_MAX_CHARS = min(8192, MAX_ERROR_CHARS)
+MAX_LISTED_LINES = 5
+# The strategy names LibreChat's grammar knows; Sluice's own (§2.2.1) are the same names, and
+# a new one must not reach a message before LibreChat can read it.
+GRAMMAR_STRATEGIES = frozenset(
+    {"exact", "line-trimmed", "whitespace-normalized", "indentation-flexible"}
+)
+assert EDIT_MATCH_STRATEGIES <= GRAMMAR_STRATEGIES
+EXCERPT_MAX_CHARS = 120
+# Lines longer than this are not scored for the closest-line hint (minified files).
+CLOSEST_LINE_MAX_CHARS = 1000
+CLOSEST_CANDIDATES = 20
+CLOSEST_MIN_RATIO = 0.6
+CLOSEST_TRIES = 3
+# Longer oldTexts are counted with str.find rather than compiled into a lookahead pattern.
+LOOKAHEAD_MAX_CHARS = 4096
+BATCH_NOTE = "Line numbers account for the earlier edits in this batch."
+
+_ELISION = re.compile(r"(?:#|//|--|;|/\*|<!--|\*)?\s*(?:\.\.\.|…)[\w\s.…'-]*(?:\*/|-->)?")
+_LINE_PREFIX = re.compile(r"\s*(\d{1,9})(?::\s?|\t|\s*\|\s?|→)(.*)", re.DOTALL)
+_WORD = re.compile(r"\w+")
+_BARE_LF = re.compile(r"(?<!\r)\n")
+
+
+def _line_list(lines: Sequence[int], more: int) -> str:
+    label = "line" if len(lines) == 1 and not more else "lines"
+    tail = f" and {more} more" if more else ""
+    return f"{label} {', '.join(map(str, lines))}{tail}"
+
+
+def _capped(lines: Iterable[int]) -> tuple[list[int], int]:
+    """The first MAX_LISTED_LINES of ascending distinct ``lines``, and how many follow."""
+    listed: list[int] = []
+    more = 0
+    for line in lines:
+        if len(listed) < MAX_LISTED_LINES:
+            listed.append(line)
+        else:
+            more += 1
+    return listed, more
+
+
+def locate(text: str, offsets: Iterable[int]) -> tuple[int, list[int], int]:
+    """(how many offsets, the first distinct line numbers, how many further distinct lines)
+    for ascending ``offsets`` into ``text``."""
+    count = 0
+
+    def lines() -> Iterator[int]:
+        nonlocal count
+        line, counted_to, last = 1, 0, 0
+        for offset in offsets:
+            count += 1
+            line += text.count("\n", counted_to, offset)
+            counted_to = offset
+            if line != last:
+                last = line
+                yield line
+
+    listed, more = _capped(lines())
+    return count, listed, more
+
+
+def exact_places(text: str, old: str) -> tuple[int, list[int], int]:
+    """``locate`` for every occurrence of ``old``, overlapping ones included, without a Python
+    step per occurrence ("a" in four million "a"s is one line and one C-level count)."""
+    if len(old) <= LOOKAHEAD_MAX_CHARS and not any(
+        old.startswith(old[k:]) for k in range(1, len(old))
+    ):
+        count = text.count(old)  # no occurrence can overlap another
+    elif len(old) <= LOOKAHEAD_MAX_CHARS:
+        count = len(re.findall(f"(?={re.escape(old)})", text))
+    else:
+        # A long oldText is not compiled into a pattern; its occurrences are few anyway
+        # unless it is one character repeated.
+        count, position = 0, text.find(old)
+        while position >= 0:
+            count, position = count + 1, text.find(old, position + 1)
+    if "\n" not in old:
+        lines = (n for n, line in enumerate(text.split("\n"), start=1) if old in line)
+        listed, more = _capped(lines)
+        return count, listed, more
+
+    def line_starts() -> Iterator[int]:
+        # One offset per line that an occurrence starts on.
+        position = text.find(old)
+        while position >= 0:
+            yield position
+            newline = text.find("\n", position)
+            position = text.find(old, newline + 1)
+
+    _, listed, more = locate(text, line_starts())
+    return count, listed, more
+
+
+def ambiguous_reason(strategy: str, places: tuple[int, list[int], int]) -> str:
+    count, lines, more = places
+    how = "" if strategy == "exact" else f" ({strategy})"
+    return (
+        f"old_text matched {count} locations{how} at {_line_list(lines, more)}; "
+        "include more surrounding lines so it matches exactly one"
+    )
+
+
+def _pieces(old: str) -> list[str]:
+    normalized = old.replace("\r\n", "\n")
+    return (normalized[:-1] if normalized.endswith("\n") else normalized).split("\n")
+
+
+def _starts_line(line: str, first: str) -> bool:
+    """A stripped file line that oldText's stripped first line can begin in: the whole line,
+    or its tail from a word boundary (oldText may start mid-line)."""
+    if not line.endswith(first):
+        return False
+    cut = len(line) - len(first)
+    return cut == 0 or not (line[cut - 1].isalnum() and first[0].isalnum())
+
+
+def _has_elision(pieces: Sequence[str], file_lines: set[str]) -> bool:
+    # A line the file holds itself (a Python "..." body) is not a placeholder.
+    return any(
+        _ELISION.fullmatch(piece.strip()) and piece.strip() not in file_lines for piece in pieces
+    )
+
+
+def _has_line_numbers(pieces: Sequence[str], text: str) -> bool:
+    """Every non-blank line starts with a number, the numbers count up by one, and (for a
+    single line, where one number proves little) the rest of the line is in the file."""
+    numbered = [_LINE_PREFIX.fullmatch(piece) for piece in pieces if piece.strip()]
+    if not numbered or not all(numbered):
+        return False
+    numbers = [int(m.group(1)) for m in numbered if m]
+    if any(b != a + 1 for a, b in itertools.pairwise(numbers)):
+        return False
+    rest = numbered[0].group(2).strip() if numbered[0] else ""
+    return len(numbers) > 1 or bool(rest and rest in text)
+
+
+def _present(piece: str, index: int, count: int, stripped: set[str]) -> bool:
+    # The first and last lines of oldText may be parts of a file line; inner ones are whole.
+    wanted = piece.strip()
+    if index == 0:
+        return any(_starts_line(line, wanted) for line in stripped)
+    if index == count - 1:
+        return any(line.startswith(wanted) for line in stripped)
+    return wanted in stripped
+
+
+def _excerpt(line: str) -> str:
+    flat = "".join(
+        " " if unicodedata.category(ch) in ("Cc", "Zl", "Zp") else ch for ch in line.strip()
+    )
+    return flat if len(flat) <= EXCERPT_MAX_CHARS else flat[: EXCERPT_MAX_CHARS - 1] + "…"
+
+
+def _closest(wanted: str, lines: Sequence[str]) -> tuple[int, str] | None:
+    """The file line most like ``wanted``: lines sharing most words with it, then the best
+    difflib ratio among those (ties to the earlier line), if it is at least CLOSEST_MIN_RATIO."""
+    words = set(_WORD.findall(wanted))
+    if not words:
+        return None
+    scored = (
+        (-len(words.intersection(_WORD.findall(line))), number, line)
+        for number, line in enumerate(lines, start=1)
+        if len(line) <= CLOSEST_LINE_MAX_CHARS
+    )
+    best: tuple[float, int, str] | None = None
+    for shared, number, line in heapq.nsmallest(CLOSEST_CANDIDATES, scored):
+        if not shared:
+            break
+        ratio = difflib.SequenceMatcher(None, wanted, line.strip()).ratio()
+        if best is None or (ratio, -number) > (best[0], -best[1]):
+            best = (ratio, number, line)
+    if best is None or best[0] < CLOSEST_MIN_RATIO:
+        return None
+    return best[1], _excerpt(best[2])
+
+
+def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None) -> str:
+    """``old_text was not found`` and each hint that holds for this text; ``whitespace`` is
+    (line, strategy) of the one place a tolerant edit would have taken, if any."""
+    pieces = _pieces(old)
+    file_lines = text.split("\n")
+    stripped = [line.strip() for line in file_lines]
+    distinct = set(stripped)
+    hints: list[str] = []
+    if _has_elision(pieces, distinct):
+        hints.append(
+            'it contains an elision placeholder ("..."); copy the exact lines instead of '
+            "abbreviating"
+        )
+    if _has_line_numbers(pieces, text):
+        hints.append(
+            "it appears to include line-number prefixes from read_file output; remove them"
+        )
+    if whitespace is not None:
+        line, strategy = whitespace
+        hints.append(
+            f"the same text exists at line {line} with different whitespace ({strategy}); "
+            "copy that whitespace exactly"
+        )
+    if "\r\n" in text and _BARE_LF.search(old):
+        hints.append("the file uses CRLF line endings")
+    first = pieces[0].strip()
+    # Beside a whitespace hint it would only repeat that place less precisely.
+    if len(pieces) > 1 and first and whitespace is None:
+        lines, more = _capped(
+            number
+            for number, line in enumerate(stripped, start=1)
+            if line.endswith(first) and _starts_line(line, first)
+        )
+        if lines:
+            hints.append(
+                f"its first line appears at {_line_list(lines, more)}, "
+                "but the lines after it differ"
+            )
+    # Placeholders are not meant to match anything; each other line the file lacks gets a
+    # look, the first few only (each look is a pass over the file).
+    missing = [
+        piece.strip()
+        for index, piece in enumerate(pieces)
+        if piece.strip()
+        and not _ELISION.fullmatch(piece.strip())
+        and not _present(piece, index, len(pieces), distinct)
+    ]
+    closest = next(
+        (found for line in missing[:CLOSEST_TRIES] if (found := _closest(line, file_lines))),
+        None,
+    )
+    if closest is not None:
+        hints.append(f"the closest line is line {closest[0]}: {closest[1]}")
+    return "; ".join(["old_text was not found", *hints])
+
+
+def conflict_message(edit_count: int, failures: Sequence[tuple[int, str]]) -> str:
+    """The whole EDIT_CONFLICT message for ``failures`` ((edit number, reason), in order)."""
+    if edit_count == 1:
+        return f"Workspace edit did not apply and nothing was written: {failures[0][1]}."
+    header = (
+        f"{len(failures)} of {edit_count} workspace edits did not apply, so nothing was "
+        "written. Every other edit matched."
+    )
+    hidden_line = "{} more failing edits not shown."
+    budget = MESSAGE_MAX_CHARS - len(header) - len(BATCH_NOTE) - len(hidden_line) - 8
+    shown: list[str] = []
+    used = 0
+    for number, reason in failures:
+        line = f"Edit {number}: {reason}."
+        if shown and used + len(line) + 1 > budget:
+            break
+        shown.append(line)
+        used += len(line) + 1
+    hidden = len(failures) - len(shown)
+    if hidden:
+        shown.append(f"{hidden} more failing edit{'' if hidden == 1 else 's'} not shown.")
+    return "\n".join([header, *shown, BATCH_NOTE])
