@@ -36,6 +36,7 @@ from admission.credentials import (
     worker_credentials_issue,
     worker_credentials_revoke,
 )
+from admission.registration import worker_event_announce
 from workspaces.access import Caller
 from workspaces.features import EDIT_FEATURES, effective_edit_features
 from workspaces.models import Worker, WorkerPairing, WorkerWorkspace
@@ -319,7 +320,14 @@ def worker_revoke(*, caller: Caller, worker_id: str, now: datetime | None = None
     try:
         # Deleting the ACL user also closes the worker's Redis connections.
         worker_credentials_revoke(worker_id=worker_id)
-        sync_queue().revoke(worker_id=worker_id)
+        told = sync_queue().revoke(worker_id=worker_id)
     except redis.RedisError:
         # The token is already dead; a retried revoke finishes the Redis part.
         raise refusals.admission_unavailable() from None
+    if worker.revoked_at is None:  # the first revoke, not LibreChat retrying it
+        worker_event_announce(
+            kind="revoked",
+            worker_id=worker_id,
+            incarnation=worker.incarnation_id,
+            detail=f"told {told} calls",
+        )

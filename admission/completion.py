@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -269,7 +270,7 @@ def completion_write(rows: list[dict[str, Any]]) -> None:
     CompletionLog.objects.bulk_create([_model_row(r) for r in rows], ignore_conflicts=True)
 
 
-def _land(entries: list[tuple[str, dict[str, str]]]) -> None:
+def _land(entries: list[tuple[str, dict[str, str]]]) -> list[CompletionLog]:
     """Write a batch from the stream. A malformed entry (anyone with broker access can XADD)
     is logged and dropped instead of blocking the stream for every drainer; an unavailable
     Postgres raises, and the batch stays pending."""
@@ -288,6 +289,7 @@ def _land(entries: list[tuple[str, dict[str, str]]]) -> None:
                     CompletionLog.objects.bulk_create([row], ignore_conflicts=True)
             except (DataError, IntegrityError):
                 log.warning("completion row refused by Postgres dropped", extra={"uid": row.uid})
+    return rows
 
 
 class CompletionDrainer(threading.Thread):
@@ -309,6 +311,7 @@ class CompletionDrainer(threading.Thread):
         block_ms: int = 1000,
         linger_s: float = 0.25,
         recheck_s: float = 5.0,
+        on_landed: Callable[[list[CompletionLog]], None] | None = None,
     ) -> None:
         super().__init__(name="completion-drainer", daemon=True)
         self.client = client
@@ -316,6 +319,8 @@ class CompletionDrainer(threading.Thread):
         self.block_ms = block_ms
         self.linger_s = linger_s
         self.recheck_s = recheck_s
+        # Told each batch once it is committed (the dashboard's rollup marks its buckets).
+        self.on_landed = on_landed
         self.consumer = f"{socket.gethostname()}:{os.getpid()}"
         self.stopping = threading.Event()
         self._recheck_at = 0.0  # now: the first pass looks for pending rows
@@ -377,7 +382,9 @@ class CompletionDrainer(threading.Thread):
             # If landing fails, the batch stays pending for this consumer; run() then makes
             # the next pass look for pending rows first.
             close_old_connections()
-            _land(entries)
+            landed = _land(entries)
+            if self.on_landed is not None:
+                self.on_landed(landed)
             self._recheck_at = time.monotonic() + self.recheck_s
         ids = [mid for mid, _ in pending]
         if ids:

@@ -5,11 +5,13 @@ Postgres keeps what a worker offers; Redis (admission/queue.py) keeps its live i
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from admission.connections import sync_queue
@@ -19,8 +21,28 @@ from admission.services import workspace_offer_tokens
 from workspaces.dispatch import worker_queue_name
 from workspaces.models import Worker, WorkerWorkspace
 
+log = logging.getLogger("sluice.registration")
+
 # What a worker may report as its command sandbox (§4.4).
 SANDBOX_PROFILES = frozenset({"bwrap", "none"})
+
+# Sent whenever a worker's registration changes, with keyword arguments kind ("registered",
+# "restarted", "deregistered", "expired", "revoked"), worker_id, incarnation and detail. The
+# dashboard records it as the worker's online/offline history (dashboard/events.py); a lower
+# layer announces, the higher one listens. A receiver that fails never fails the registration.
+worker_event = Signal()
+
+
+def worker_event_announce(*, kind: str, worker_id: str, incarnation: str, detail: str = "") -> None:
+    for receiver, result in worker_event.send_robust(
+        sender=None, kind=kind, worker_id=worker_id, incarnation=incarnation, detail=detail
+    ):
+        if isinstance(result, Exception):
+            log.warning(
+                "worker event not recorded",
+                exc_info=result,
+                extra={"kind": kind, "worker_id": worker_id, "receiver": str(receiver)},
+            )
 
 
 @dataclass(frozen=True)
@@ -46,6 +68,7 @@ def worker_register(
 ) -> dict[str, object]:
     """A new incarnation: calls waiting for the old one are told WORKER_OFFLINE, none moves over."""
     incarnation = uuid.uuid4().hex
+    previous = worker.incarnation_id
     # The worker's ACL user and the scripts it may call are set up before it is told to
     # connect: after a Redis restart both are gone, and this is the first thing it asks for.
     worker_credentials_restore(worker=worker)
@@ -85,12 +108,22 @@ def worker_register(
         )
         for w in workspaces
     }
-    sync_queue().register_incarnation(
+    waiting, running = sync_queue().register_incarnation(
         worker_id=worker.worker_id,
         incarnation=incarnation,
         slots=slots,
         ttl_ms=_ttl_ms(),
         offer=offer,
+    )
+    worker_event_announce(
+        kind="restarted" if previous else "registered",
+        worker_id=worker.worker_id,
+        incarnation=incarnation,
+        detail=(
+            f"replaced {previous[:8]}; told {waiting} waiting and {running} running calls"
+            if previous
+            else f"{negotiated} slots"
+        ),
     )
     return {
         "incarnationId": incarnation,
@@ -111,7 +144,16 @@ def worker_heartbeat(*, worker: Worker, incarnation: str) -> str:
         current = (
             Worker.objects.filter(pk=worker.pk).values_list("incarnation_id", flat=True).first()
         )
-        return "lost" if current == incarnation else "replaced"
+        if current != incarnation:
+            return "replaced"
+        # Its registration expired (or Redis restarted empty): the sampler may not have seen it.
+        worker_event_announce(
+            kind="expired",
+            worker_id=worker.worker_id,
+            incarnation=incarnation,
+            detail="noticed by its heartbeat",
+        )
+        return "lost"
     Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(
         last_heartbeat_at=timezone.now()
     )
@@ -120,5 +162,11 @@ def worker_heartbeat(*, worker: Worker, incarnation: str) -> str:
 
 def worker_deregister(*, worker: Worker, incarnation: str) -> int:
     told = sync_queue().deregister(worker_id=worker.worker_id, incarnation=incarnation)
-    Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(incarnation_id="")
+    if Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(incarnation_id=""):
+        worker_event_announce(
+            kind="deregistered",
+            worker_id=worker.worker_id,
+            incarnation=incarnation,
+            detail=f"told {max(told, 0)} calls",
+        )
     return told

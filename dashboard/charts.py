@@ -115,10 +115,10 @@ def _svg(parts: list[str], title: str) -> SafeString:
     )
 
 
-def _empty(frame: Frame, parts: list[str]) -> None:
+def _empty(frame: Frame, parts: list[str], text: str = "No calls in this window") -> None:
     parts.append(
         f'<text class="empty" x="{LEFT + frame.plot_w / 2:.1f}" y="{TOP + frame.plot_h / 2:.1f}" '
-        'text-anchor="middle">No calls in this window</text>'
+        f'text-anchor="middle">{escape(text)}</text>'
     )
 
 
@@ -133,13 +133,14 @@ def line_chart(
     fmt: Callable[[float], str],
     y_floor: float = 0.0,
     area: bool = False,
+    empty_text: str = "No calls in this window",
 ) -> SafeString:
     """One polyline per series, broken where a bucket has no value; points sit mid-bucket."""
     values = [v for s in series for _, v in s.points if v is not None]
     frame = Frame(since, until, step, nice_ceiling(max([y_floor, *values]) if values else 1.0))
     parts = _y_axis(frame, fmt, y_label) + _x_axis(frame)
     if not any(s.points for s in series if not s.dashed):
-        _empty(frame, parts)
+        _empty(frame, parts, empty_text)
     half = step / 2
     for s in series:
         runs: list[list[tuple[float, float]]] = [[]]

@@ -13,6 +13,7 @@ from django.utils.safestring import SafeString
 from dashboard import history
 from dashboard.attribution import Blocker, Timeout, blamed_workspaces, blockers, recent_timeouts
 from dashboard.charts import Series, line_chart, ms_axis, nice_ceiling, stacked_bars
+from dashboard.events import EventRow, worker_events
 from dashboard.window import Window, step_label
 from workspaces.models import Principal
 from workspaces.secrets import keyed_hash
@@ -41,6 +42,20 @@ OUTCOME_LABELS = {
 }
 EXEC_COLORS = {"p50": "#0891b2", "p95": "#7c3aed", "p99": "#be123c"}
 THROUGHPUT_COLORS = {"calls": "#2563eb", "errors": "#dc2626"}
+DEPTH_COLORS = {"waiting": "#d97706", "running": "#0d9488"}
+# One line per worker on the all-workers depth chart, the busiest first; past this many the
+# chart would be noise, so the rest are named in a note (filter by worker to see one).
+DEPTH_WORKERS_SHOWN = 8
+WORKER_PALETTE = (
+    "#2563eb",
+    "#d97706",
+    "#16a34a",
+    "#9333ea",
+    "#dc2626",
+    "#0891b2",
+    "#be123c",
+    "#4d7c0f",
+)
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
 # Timeouts looked at for the blame tables; the table lists the newest TIMEOUT_ROWS of them.
 BLAME_SAMPLE = 200
@@ -127,6 +142,49 @@ class History:
     blamed: list[dict[str, Any]]
     calls: int
     capacity: int
+    depth_chart: SafeString
+    depth_legend: list[tuple[str, str]]
+    depth_hidden: list[str]
+    depth_peak: tuple[int, str, datetime] | None  # (most waiting, worker, bucket)
+    worker_events: list[EventRow]
+    worker_events_total: int
+
+
+def depth_panel(
+    window: Window,
+) -> tuple[SafeString, list[tuple[str, str]], list[str], tuple[int, str, datetime] | None]:
+    """(chart, legend of (label, colour), workers left off, the peak) for the queue-depth chart."""
+    depth = history.queue_depth(window)
+    peaks = [(p.waiting, w, p.t) for w, points in depth.items() for p in points if p.waiting]
+    peak = max(peaks, key=lambda p: (p[0], p[2]), default=None)
+    if window.worker:
+        points = depth.get(window.worker, [])
+        series = [
+            Series("waiting", DEPTH_COLORS["waiting"], [(p.t, p.waiting) for p in points]),
+            Series("running", DEPTH_COLORS["running"], [(p.t, p.running) for p in points]),
+        ]
+        hidden: list[str] = []
+        y_label = "calls (most in the bucket)"
+    else:
+        busiest = sorted(depth, key=lambda w: (-max(p.waiting for p in depth[w]), w))
+        shown, hidden = busiest[:DEPTH_WORKERS_SHOWN], busiest[DEPTH_WORKERS_SHOWN:]
+        series = [
+            Series(w, WORKER_PALETTE[i], [(p.t, p.waiting) for p in depth[w]])
+            for i, w in enumerate(sorted(shown))
+        ]
+        y_label = "calls waiting (most in the bucket)"
+    chart = line_chart(
+        title="Queue depth",
+        series=series,
+        since=window.since,
+        until=window.until,
+        step=window.step,
+        y_label=y_label,
+        fmt=lambda v: f"{v:g}",
+        y_floor=4,
+        empty_text="No queue samples in this window (is drain_completions running?)",
+    )
+    return chart, [(s.label, s.color) for s in series], hidden, peak
 
 
 def history_panels(window: Window) -> History:
@@ -268,6 +326,8 @@ def history_panels(window: Window) -> History:
     top_ws, top_ws_t = history.top_contended(window, by_key=False)
     top_keys, top_keys_t = history.top_contended(window, by_key=True)
     sample = recent_timeouts(window, limit=BLAME_SAMPLE)
+    depth_chart, depth_legend, depth_hidden, depth_peak = depth_panel(window)
+    events, events_total = worker_events(window)
     return History(
         window=window,
         throughput_chart=throughput_chart,
@@ -297,4 +357,10 @@ def history_panels(window: Window) -> History:
         blamed=blamed_workspaces(sample)[:10],
         calls=sum(sum(c.values()) for c in buckets.values()),
         capacity=capacity,
+        depth_chart=depth_chart,
+        depth_legend=depth_legend,
+        depth_hidden=depth_hidden,
+        depth_peak=depth_peak,
+        worker_events=events,
+        worker_events_total=events_total,
     )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from django.db import connection, transaction
@@ -12,6 +13,7 @@ from django.utils import timezone
 
 from admission.models import CompletionLog
 from admission.policy import current_policy
+from dashboard.models import RollupMark
 
 # The ranges the dashboard offers; contention_report takes any duration.
 RANGES = {"15m": "15 min", "1h": "1 hour", "6h": "6 hours", "24h": "24 hours", "7d": "7 days"}
@@ -23,6 +25,11 @@ MAX_BUCKETS = 180
 _STEPS_S = (10, 30, 60, 120, 300, 600, 1800, 3600, 6 * 3600, 86400)
 _DURATION_RE = re.compile(r"([1-9][0-9]{0,5})([smhd])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The rollup's bucket (dashboard/rollup.py): a window whose chart step is this reads its whole
+# buckets from the rollup tables and only its ragged ends from the log. Buckets are numbered
+# from ORIGIN, as date_bin numbers the charts' buckets.
+ROLLUP_STEP = timedelta(minutes=10)
+ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
 
 TABLE = CompletionLog._meta.db_table
 
@@ -51,11 +58,19 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def bucket_floor(t: datetime, step: timedelta = ROLLUP_STEP) -> datetime:
+    return ORIGIN + ((t - ORIGIN) // step) * step
+
+
 @dataclass(frozen=True)
 class Window:
     since: datetime
     until: datetime
     worker: str | None = None
+    # Read the log only, never the rollup (the rollup itself is computed this way).
+    raw: bool = False
+    # A fixed bucket width instead of the one that follows the span (the rollup's buckets).
+    fixed_step: timedelta | None = None
 
     @classmethod
     def last(
@@ -71,18 +86,48 @@ class Window:
     @property
     def step(self) -> timedelta:
         """Bucket width: the finest step that gives at most MAX_BUCKETS buckets."""
+        if self.fixed_step is not None:
+            return self.fixed_step
         span_s = self.span.total_seconds()
         return timedelta(
             seconds=next((s for s in _STEPS_S if span_s / s <= MAX_BUCKETS), _STEPS_S[-1])
         )
 
+    @cached_property
+    def rollup_range(self) -> tuple[datetime, datetime]:
+        """[r0, r1): the whole buckets this window reads from the rollup; empty (until, until)
+        when it reads the log alone. Only buckets the rollup has completed count."""
+        if self.raw or self.step != ROLLUP_STEP:
+            return self.until, self.until
+        mark = RollupMark.objects.values_list("complete_until", flat=True).first()
+        first = bucket_floor(self.since)
+        r0 = first if first == self.since else first + ROLLUP_STEP
+        r1 = min(bucket_floor(self.until), mark) if mark is not None else r0
+        return (r0, r1) if r1 > r0 else (self.until, self.until)
+
     def params(self) -> dict[str, Any]:
+        r0, r1 = self.rollup_range
         return {
             "since": self.since,
             "until": self.until,
             "worker": self.worker or "",
             "step": self.step,
+            "r0": r0,
+            "r1": r1,
         }
+
+    @property
+    def raw_sql(self) -> str:
+        """The WHERE term for the log's rows this window reads: its ragged ends around the
+        rolled-up buckets, or all of it. Each range is an index range of created_at."""
+        return (
+            "((created_at >= %(since)s AND created_at < %(r0)s)"
+            " OR (created_at >= %(r1)s AND created_at < %(until)s))"
+        )
+
+    @property
+    def rollup_worker_sql(self) -> str:
+        return "AND worker_id = %(worker)s" if self.worker else ""
 
     @property
     def worker_sql(self) -> str:

@@ -7,7 +7,9 @@ browser is never downloaded. Screenshots land in artifacts/ (gitignored) for a p
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,7 +99,7 @@ def test_staff_sees_a_busy_slot_while_a_command_runs_and_a_member_is_refused(
         landed_rows([holder])
 
         with chromium(executable) as browser:
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
             _sign_in(page, api.url, staff.username)
             page.wait_for_url(f"{api.url}/dashboard/")
             card = page.locator(f'article[data-worker="{w}"]')
@@ -132,11 +134,29 @@ def test_staff_sees_a_busy_slot_while_a_command_runs_and_a_member_is_refused(
             assert card.locator(".fill-label").inner_text().replace("\n", " ").endswith("4 / 32")
             page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"))
 
-            # History, drawn on the server: six charts, and each timeout blamed on the holder.
+            # History, drawn on the server: seven charts, and each timeout blamed on the holder.
             page.goto(f"{api.url}/dashboard/?range=15m&worker={w}")
-            assert page.locator("svg.chart").count() == 6
-            # Throughput and execution time plot this test's calls as lines, not empty frames.
-            for chart in ("#chart-throughput", "#chart-exec", "#chart-error-rate"):
+            assert page.locator("svg.chart").count() == 7
+            # Queue depth: the drainer process samples every 5 s, and the two reads above waited
+            # behind the long command for ~7 s, so a sample saw (at least) both. Reload until
+            # that sample is in.
+            deadline = time.monotonic() + 30
+            while not (
+                peak := re.search(r"Peak: (\d+) waiting", page.inner_text("#chart-queue-depth"))
+            ):
+                assert time.monotonic() < deadline, "no queue-depth sample with a waiting call"
+                page.wait_for_timeout(1000)
+                page.reload()
+            assert int(peak.group(1)) >= 2
+            events = page.locator("#worker-events tbody tr")
+            assert "registered" in events.last.inner_text() and w in events.last.inner_text()
+            # Throughput, execution time and queue depth plot lines, not empty frames.
+            for chart in (
+                "#chart-throughput",
+                "#chart-exec",
+                "#chart-error-rate",
+                "#chart-queue-depth",
+            ):
                 assert (
                     page.locator(f"{chart} svg.chart polyline, {chart} svg.chart circle").count()
                     >= 1

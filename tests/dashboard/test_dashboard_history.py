@@ -213,7 +213,7 @@ def test_staff_sees_history_charts_and_the_timeouts_table(staff, scenario, monke
     response = client.get("/dashboard/?range=1h")
     assert response.status_code == 200
     html = response.content.decode()
-    assert html.count("<svg") == 6
+    assert html.count("<svg") == 7  # six charts of the log, and queue depth
     assert "long-command-on-a" in html and "same key" in html
     # The three timeouts, counted and linked to exactly their rows in the completion log.
     log = "/admin/admission/completionlog/?since="
@@ -221,7 +221,7 @@ def test_staff_sees_history_charts_and_the_timeouts_table(staff, scenario, monke
     assert 'queue_timeout">3</a>' in html
     # The history half on its own, which the page fetches to refresh itself.
     fragment = client.get("/dashboard/history/?range=1h").content.decode()
-    assert fragment.count("<svg") == 6 and "<html" not in fragment
+    assert fragment.count("<svg") == 7 and "<html" not in fragment
     assert "queue wait (ms)" in html or "queue wait (s)" in html
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing from a CDN
 

@@ -12,6 +12,10 @@ without one (admission/durable.py): its accepting process died and nobody read i
 Any number of drainers may sweep; a claim in Redis lets exactly one write each row. The
 command lives in the API app because a row records the HTTP status the synchronous endpoint
 would have answered, and that table is the API edge's (api/errors.py).
+
+The same process samples every worker's queue depth for the dashboard and keeps its 10-minute
+rollup of the log (dashboard/sampler.py, dashboard/rollup.py, one thread): a deployment runs a
+drainer anyway, and it is the one that knows which buckets its batches touched.
 """
 
 from __future__ import annotations
@@ -27,19 +31,27 @@ from admission.connections import sync_client
 from admission.durable import SweeperThread
 from admission.queue import dispatch_in_redis
 from api.errors import status_of
+from dashboard.rollup import Rollup
+from dashboard.sampler import QueueDepthSampler
 
 
 class Command(BaseCommand):
     help = "Move completion rows from the Redis stream into Postgres until stopped."
 
     def handle(self, *args: Any, **options: Any) -> None:
+        rollup = Rollup()
         # The stream lives on the admission Redis (a cluster node, when that is a cluster).
-        drainer = CompletionDrainer(sync_client(decode_responses=True, socket_connect_timeout=2))
+        drainer = CompletionDrainer(
+            sync_client(decode_responses=True, socket_connect_timeout=2),
+            on_landed=rollup.rows_landed,
+        )
         # Durable requests exist only where the scripts dispatch (never on a cluster).
         sweeper = SweeperThread(status_of=status_of) if dispatch_in_redis() else None
+        sampler = QueueDepthSampler(rollup=rollup)
 
         def stop(signum: int, frame: Any) -> None:
             drainer.stop()
+            sampler.stop()
             if sweeper is not None:
                 sweeper.stop()
 
@@ -49,7 +61,9 @@ class Command(BaseCommand):
             sweeper.start()
         sys.stdout.write(f"completion drainer {drainer.consumer} running\n")
         sys.stdout.flush()
+        sampler.start()
         drainer.run()
+        sampler.join(timeout=10)
         if sweeper is not None:
             sweeper.join(timeout=5)
         sys.stdout.write("completion drainer stopped\n")
