@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import redis
-from queuekit import run
+from queuekit import dispatching_queue, entering, run
+from queuekit import pushed as queuekit_pushed
 
 from admission.queue import AsyncQueue, SyncQueue, offer_tokens, worker_keys
-from workspaces.dispatch import broker_queue_key, worker_queue_name
 
 W = "wd1"
 T0 = 1_000_000
@@ -28,34 +28,16 @@ OFFER = {
 
 @pytest.fixture
 def sq(sync_redis: redis.Redis, redis_prefix: str) -> SyncQueue:
-    queue = SyncQueue(sync_redis, redis_prefix)
-    sync_redis.delete(broker_queue_key(worker_queue_name(W)))
-    assert queue.dispatching, "these tests need the broker to be the admission Redis"
-    queue.register_incarnation(worker_id=W, incarnation="inc1", slots=1, ttl_ms=30_000, offer=OFFER)
+    queue: SyncQueue = dispatching_queue(sync_redis, redis_prefix, W, OFFER)
     return queue
 
 
 def pushed(sync_redis: redis.Redis) -> list[str]:
-    """Envelopes on the worker's Celery queue, oldest first."""
-    key = broker_queue_key(worker_queue_name(W))
-    return [str(m) for m in reversed(sync_redis.lrange(key, 0, -1))]
+    return queuekit_pushed(sync_redis, W)
 
 
 def enter(q: AsyncQueue, entry_id: str, now: int, **kw: Any) -> Awaitable[Any]:
-    args: dict[str, Any] = dict(
-        worker_id=W,
-        key=("ws", ""),
-        queue_budget_ms=10_000,
-        exec_budget_ms=30_000,
-        queue_limit=32,
-        slot_ceiling=8,
-        operation="execute_command",
-        workspace_id="ws",
-        needs=["op:execute_command"],
-        envelope=f"envelope-{entry_id}",
-    )
-    args.update(kw)
-    return q.enter(entry_id=entry_id, now_ms=now, **args)
+    return entering(q, W, entry_id, now, {"queue_budget_ms": 10_000}, **kw)
 
 
 def test_enter_and_release_each_push_the_granted_envelope(

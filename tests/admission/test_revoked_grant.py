@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
-from queuekit import run
+from queuekit import dispatching_queue, entering, run
+from queuekit import pushed as queuekit_pushed
 
 from admission.credentials import worker_acl_rules
 from admission.queue import AsyncQueue, SyncQueue, offer_tokens, worker_keys
 from admission.scripts import lua_source
-from workspaces.dispatch import broker_queue_key, worker_queue_name
 
 W = "wr1"
 T0 = 1_000_000
@@ -30,34 +30,16 @@ OFFER = {
 
 @pytest.fixture
 def sq(sync_redis: redis.Redis, redis_prefix: str) -> SyncQueue:
-    queue = SyncQueue(sync_redis, redis_prefix)
-    sync_redis.delete(broker_queue_key(worker_queue_name(W)))
-    assert queue.dispatching, "these tests need the broker to be the admission Redis"
-    queue.register_incarnation(worker_id=W, incarnation="inc1", slots=1, ttl_ms=30_000, offer=OFFER)
+    queue: SyncQueue = dispatching_queue(sync_redis, redis_prefix, W, OFFER)
     return queue
 
 
 def pushed(sync_redis: redis.Redis) -> list[str]:
-    key = broker_queue_key(worker_queue_name(W))
-    return [str(m) for m in reversed(sync_redis.lrange(key, 0, -1))]
+    return queuekit_pushed(sync_redis, W)
 
 
 def enter(q: AsyncQueue, entry_id: str, now: int, **kw: Any) -> Awaitable[Any]:
-    args: dict[str, Any] = dict(
-        worker_id=W,
-        key=("ws", ""),
-        queue_budget_ms=60_000,
-        exec_budget_ms=30_000,
-        queue_limit=32,
-        slot_ceiling=8,
-        operation="execute_command",
-        workspace_id="ws",
-        needs=["op:execute_command"],
-        envelope=f"envelope-{entry_id}",
-        key_id=GOOD,
-    )
-    args.update(kw)
-    return q.enter(entry_id=entry_id, now_ms=now, **args)
+    return entering(q, W, entry_id, now, {"queue_budget_ms": 60_000, "key_id": GOOD}, **kw)
 
 
 def wake(sync_redis: redis.Redis, redis_prefix: str, entry_id: str) -> list[dict[str, Any]]:
