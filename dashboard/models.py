@@ -91,9 +91,20 @@ class SeriesBucket(models.Model):
         return f"{self.worker_id or 'all workers'} {self.start:%Y-%m-%d %H:%M}"
 
 
-class FailureBucket(models.Model):
+class Bucket(models.Model):
+    """One worker's share of one rollup bucket (its start time)."""
+
     start = models.DateTimeField()
     worker_id = models.CharField(max_length=128)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.worker_id} {self.start:%Y-%m-%d %H:%M}"
+
+
+class FailureBucket(Bucket):
     http_status = models.PositiveSmallIntegerField()
     code = models.CharField(max_length=64, blank=True)
     operation = models.CharField(max_length=64, blank=True)
@@ -102,13 +113,8 @@ class FailureBucket(models.Model):
     class Meta:
         indexes = [models.Index(fields=["start", "worker_id"], name="failure_bucket_by_time")]
 
-    def __str__(self) -> str:
-        return f"{self.worker_id} {self.start:%Y-%m-%d %H:%M}"
 
-
-class CallerBucket(models.Model):
-    start = models.DateTimeField()
-    worker_id = models.CharField(max_length=128)
+class CallerBucket(Bucket):
     tenant_hash = models.CharField(max_length=64, blank=True)
     principal_hash = models.CharField(max_length=64, blank=True)
     calls = models.PositiveIntegerField()
@@ -122,15 +128,10 @@ class CallerBucket(models.Model):
     class Meta:
         indexes = [models.Index(fields=["start", "worker_id"], name="caller_bucket_by_time")]
 
-    def __str__(self) -> str:
-        return f"{self.worker_id} {self.start:%Y-%m-%d %H:%M}"
 
-
-class KeyBucket(models.Model):
+class KeyTotals(Bucket):
     """Calls that entered a queue, per isolation key (and so per workspace)."""
 
-    start = models.DateTimeField()
-    worker_id = models.CharField(max_length=128)
     workspace_id = models.CharField(max_length=128, blank=True)
     isolation_key_hash = models.CharField(max_length=64, blank=True)
     calls = models.PositiveIntegerField()
@@ -139,24 +140,17 @@ class KeyBucket(models.Model):
     timeouts = models.PositiveIntegerField()
 
     class Meta:
+        abstract = True
+
+
+class KeyBucket(KeyTotals):
+    class Meta:
         indexes = [models.Index(fields=["start", "worker_id"], name="key_bucket_by_time")]
 
-    def __str__(self) -> str:
-        return f"{self.worker_id} {self.start:%Y-%m-%d %H:%M}"
 
-
-class KeyHour(models.Model):
+class KeyHour(KeyTotals):
     """KeyBucket by the hour: a 24 h window's top keys read ~4x fewer rows (one per key and
     hour rather than per key and 10 minutes). Recomputed with each of its 10-minute buckets."""
-
-    start = models.DateTimeField()
-    worker_id = models.CharField(max_length=128)
-    workspace_id = models.CharField(max_length=128, blank=True)
-    isolation_key_hash = models.CharField(max_length=64, blank=True)
-    calls = models.PositiveIntegerField()
-    total_wait_ms = models.BigIntegerField()
-    max_wait_ms = models.BigIntegerField()
-    timeouts = models.PositiveIntegerField()
 
     class Meta:
         indexes = [models.Index(fields=["start", "worker_id"], name="key_hour_by_time")]
@@ -165,11 +159,9 @@ class KeyHour(models.Model):
         return f"{self.worker_id} {self.start:%Y-%m-%d %H:00}"
 
 
-class DepthBucket(models.Model):
+class DepthBucket(Bucket):
     """The most calls waiting and running in any queue-depth sample of the bucket."""
 
-    start = models.DateTimeField()
-    worker_id = models.CharField(max_length=128)
     waiting = models.PositiveIntegerField()
     running = models.PositiveIntegerField()
 
@@ -177,9 +169,6 @@ class DepthBucket(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["start", "worker_id"], name="depth_bucket_unique")
         ]
-
-    def __str__(self) -> str:
-        return f"{self.worker_id} {self.start:%Y-%m-%d %H:%M}"
 
 
 class RollupMark(models.Model):
