@@ -29,10 +29,18 @@ POLICY_ENV = [
     "WORKSPACE_TOOLS_RATE_LIMIT",
 ]
 # What a fresh process stores when it is the first to need the policy.
+# The row goes and comes back in one transaction of the process under test: every other
+# process of the test database (the drainer's queue-depth sampler reads the policy every 5 s)
+# sees the old row until the new one is there, so none of them seeds it from its own
+# environment in between.
 SEED_AND_SHOW = """
 import json
+from django.db import transaction
+from admission.models import AdmissionPolicy
 from admission.policy import policy_row
-row = policy_row()
+with transaction.atomic():
+    AdmissionPolicy.objects.all().delete()
+    row = policy_row()
 print(json.dumps([row.job_timeout_ms, row.queue_ceiling_ms, row.worker_queue_limit,
                   row.max_lease_slots, row.rate_limit]))
 """
@@ -69,7 +77,6 @@ def stored() -> list[Any]:
 def test_policy_row_starts_from_the_contract_defaults_when_the_environment_is_silent(
     live_env: dict[str, str], transactional_db: None
 ) -> None:
-    AdmissionPolicy.objects.all().delete()
     done = manage(env_without_policy(live_env), "shell", "--no-imports", "-c", SEED_AND_SHOW)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [300_000, 300_000, 32, 8, "120/30s"]
@@ -82,7 +89,6 @@ def test_policy_row_starts_from_the_contract_defaults_when_the_environment_is_si
 def test_policy_row_starts_from_the_environment(
     live_env: dict[str, str], transactional_db: None
 ) -> None:
-    AdmissionPolicy.objects.all().delete()
     env = env_without_policy(
         live_env,
         JOB_TIMEOUT="120000",
