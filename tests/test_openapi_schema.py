@@ -191,6 +191,18 @@ def test_every_operation_has_one_example_and_it_fits_its_schema() -> None:
     assert problems == []
 
 
+def test_the_execute_example_is_an_answer_the_protocol_and_librechat_accept() -> None:
+    # Fitting the JSON schema is not enough: the read window's equalities (contract §2.2) are
+    # what LibreChat checks on every read, and a reader copies the example.
+    from librechat_rules import read_result_problem
+
+    op = openapi_document()["paths"]["/v1/workspace-tools/execute"]["post"]
+    (request,) = op["requestBody"]["content"]["application/json"]["examples"].values()
+    (answer,) = op["responses"]["200"]["content"]["application/json"]["examples"].values()
+    protocol.validate_result(protocol.validate_request(request["value"]), answer["value"])
+    assert read_result_problem(request["value"], answer["value"]) is None
+
+
 def test_every_typed_error_comes_from_the_refusal_table() -> None:
     by_worker = {code: status for status, codes in worker_codes().items() for code in codes}
     checked = 0

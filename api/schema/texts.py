@@ -22,7 +22,7 @@ _READ_RESULT = {
     "operation": "read_file",
     "workspaceId": "repo",
     "path": "README.md",
-    "content": "# Example\nA line.\n",
+    "content": "# Example\nA line.",
     "startLine": 1,
     "endLine": 2,
     "truncated": True,
