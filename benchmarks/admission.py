@@ -247,8 +247,15 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
     from livesupport import start_api
 
     from admission.queue import AsyncQueue, SyncQueue
+    from admission.services import workspace_offer_tokens
     from workspaces.models import Worker, WorkerWorkspace
 
+    offer = workspace_offer_tokens(
+        operations=["read_file"],
+        linked_worktree_lanes=False,
+        edit_features=None,
+        instruction_files=[],
+    )
     sync = SyncQueue(
         redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True),
         settings.REDIS_KEY_PREFIX,
@@ -266,7 +273,15 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
             workspace_id="ws",
             defaults={"operations": ["read_file"]},
         )
-        sync.register_incarnation(worker_id=worker_id, incarnation="inc", slots=1, ttl_ms=600_000)
+        # With the workspace's offer, as a real registration writes it: without one, the scripts
+        # refuse every waiting call WORKER_MISMATCH (the offer is checked at the grant).
+        sync.register_incarnation(
+            worker_id=worker_id,
+            incarnation="inc",
+            slots=1,
+            ttl_ms=600_000,
+            offer={"ws": offer},
+        )
 
     async def occupy() -> None:
         import redis.asyncio as aioredis
