@@ -42,6 +42,10 @@ from workspaces.models import Worker
 from workspaces.secrets import keyed_hash
 from workspaces.signing import sign, signing_key, unsigned, verify
 
+# A call that reaches its queue this long after its allowance ran out is refused instead of
+# entering (contract 2.8: no wait past allowance + 1 s).
+LATE_ENTRY_MS = 1_000
+
 log = logging.getLogger("sluice.admission")
 
 # While waiting for a grant, a waiter re-checks its entry this often in case a push was lost
@@ -457,6 +461,11 @@ async def _admitted_call(
     assignment = _assignment(call, target.incarnation_id, exec_ms, command_timeout)
     expires = datetime.fromtimestamp(clock.now() + (queue_ms + exec_ms) / 1000, tz=UTC)
     broker_key, envelope = assignment_message(assignment, expires=expires)
+    left_ms = int((queue_deadline - clock.monotonic()) * 1000)
+    if left_ms < -LATE_ENTRY_MS:
+        # Its allowance ran out more than a second ago, before it reached its queue (a process
+        # swamped by a burst): granting it now would be a wait past allowance + 1 s (§2.8).
+        raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
     if call.durable:
         # Whoever claims it first once the call ends writes its row from this draft
         # (admission/durable.py): this process, any process answering its status, or the
@@ -478,8 +487,8 @@ async def _admitted_call(
         # What is left of the allowance, which counts from the request's start (contract
         # §2.3): time a loaded process spent before this point must not let Redis grant the
         # call any later (§2.8: no wait past allowance + 1 s). At least 1 ms, so a call that
-        # arrives spent is still granted if its slot is free, and else times out at once.
-        queue_budget_ms=max(1, int((queue_deadline - clock.monotonic()) * 1000)),
+        # arrives just spent is still granted if its slot is free, and else times out at once.
+        queue_budget_ms=max(1, left_ms),
         exec_budget_ms=exec_ms,
         queue_limit=policy.worker_queue_limit,
         slot_ceiling=policy.max_lease_slots,

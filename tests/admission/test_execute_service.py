@@ -522,3 +522,20 @@ def test_a_call_that_arrives_with_its_allowance_spent_still_takes_a_free_slot(ri
         return await bounded(task)
 
     assert run(rig, scenario) == RESULT
+
+
+def test_a_call_reaching_its_queue_over_a_second_past_its_allowance_is_refused_unqueued(
+    rig: Rig,
+) -> None:
+    call = make_call(rig, wait_ms=1_000, request_id="late-entry-03")
+    # A swamped process reached it 2.5 s after it arrived: its 1 s allowance ran out 1.5 s ago.
+    rig.clock.advance(2.5)
+
+    async def scenario(queue: AsyncQueue) -> refusals.Refusal:
+        return await refused(execute(rig, queue, call))
+
+    refusal = run(rig, scenario)
+    assert refusal.code == "WORKSPACE_QUEUE_TIMEOUT" and refusal.started is False
+    # It never entered (its slot was free: entering would have granted it at once).
+    assert rig.entry(call.entry_id) is None and not call.dispatched
+    assert rig.broker_messages() == []
