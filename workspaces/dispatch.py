@@ -21,6 +21,7 @@ from typing import Any
 from django.conf import settings
 from kombu import serialization
 from kombu.utils.json import dumps as kombu_dumps
+from kombu.utils.json import loads as kombu_loads
 
 
 def worker_queue_name(worker_id: str) -> str:
@@ -86,8 +87,6 @@ def assignment_of_message(message: str) -> dict[str, Any] | None:
     one (another task, another encoding). The settling worker thread takes the message of the
     call its settlement granted from the settle script (a same-worker handoff) and runs it as
     Celery would have: past its `expires`, Celery drops a message unrun, and so does this."""
-    from kombu.utils.json import loads as kombu_loads
-
     from workspaces.tasks import run_assignment
 
     try:

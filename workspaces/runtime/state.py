@@ -24,17 +24,6 @@ class SettlementQueue(Protocol):
 
     def grant_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None: ...
 
-    def settle(
-        self,
-        *,
-        worker_id: str,
-        entry_id: str,
-        incarnation: str,
-        ticket: int,
-        payload: dict[str, Any],
-        now_ms: int | None = None,
-    ) -> bool: ...
-
     def settle_taking_next(
         self,
         *,
