@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
@@ -71,11 +71,20 @@ class Policy:
 
 
 def policy_row() -> AdmissionPolicy:
-    """The policy row, created from the environment on first use."""
+    """The policy row, created from the environment on first use.
+
+    Several processes may meet the table empty at once: the one whose insert loses the race reads
+    the row the winner wrote.
+    """
     row = AdmissionPolicy.objects.filter(pk=1).first()
-    if row is None:
-        row = AdmissionPolicy.from_env()
-        row.save()
+    if row is not None:
+        return row
+    row = AdmissionPolicy.from_env()
+    try:
+        with transaction.atomic():
+            row.save(force_insert=True)
+    except IntegrityError:
+        return AdmissionPolicy.objects.get(pk=1)
     return row
 
 

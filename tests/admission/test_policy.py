@@ -214,3 +214,40 @@ def test_set_policy_refuses_a_limit_below_an_operation_weight(transactional_db: 
     assert policy_row().rate_limit == "120/30s"
     policy_update({"WORKSPACE_TOOLS_RATE_LIMIT": "10/30s"})
     assert policy_row().rate_limit == "10/30s"
+
+
+def test_a_process_that_loses_the_race_to_seed_the_policy_reads_the_winners_row(
+    transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes meet the table empty (an API process and the admin, say): the one whose
+    insert comes second gets the row the first one stored, not a duplicate-key error."""
+    import psycopg
+    from django.db import connection
+
+    AdmissionPolicy.objects.all().delete()
+    settings_dict = connection.settings_dict
+    real_from_env = AdmissionPolicy.from_env
+
+    def another_process_seeds_first() -> AdmissionPolicy:
+        # Between this process's read (no row) and its insert, another connection commits one.
+        with psycopg.connect(
+            dbname=settings_dict["NAME"],
+            user=settings_dict["USER"],
+            host=settings_dict["HOST"] or None,
+            port=settings_dict["PORT"] or None,
+            autocommit=True,
+        ) as other:
+            other.execute(
+                "INSERT INTO admission_admissionpolicy (id, job_timeout_ms, queue_ceiling_ms,"
+                " worker_queue_limit, max_lease_slots, rate_limit, rate_limit_enabled,"
+                " operation_weights, updated_at) VALUES (1, 1000, 2000, 3, 4, '9/30s', true,"
+                " '{}', now())"
+            )
+        return real_from_env()
+
+    monkeypatch.setattr(
+        AdmissionPolicy, "from_env", classmethod(lambda cls: another_process_seeds_first())
+    )
+    row = policy_row()
+    assert (row.worker_queue_limit, row.rate_limit) == (3, "9/30s")
+    assert stored() == [1000, 2000, 3, 4, "9/30s"]
