@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 
 from admission.dbthread import in_db_thread
 from admission.models import CompletionLog
+from admission.refusals import Refusal
 
 log = logging.getLogger("sluice.completion")
 
@@ -70,10 +71,71 @@ class CompletionDraft:
     deadline_budget_ms: int = 0
     fencing_ticket: int | None = None
 
-    def finish(self, status: int, code: str = "") -> None:
+    # The facts a call reports as it goes. These methods are the only writers of a draft's
+    # fields: what the row says of admission and outcome follows from the facts here alone.
+
+    def describe(self, **given: str | int) -> None:
+        """What the request and its caller say of the call: who, what, where, its budgets."""
+        unknown = set(given) - _GIVEN_FIELDS
+        if unknown:
+            raise TypeError(f"not a described field: {sorted(unknown)}")
+        for name, value in given.items():
+            setattr(self, name, value)
+
+    def entered(self, ticket: int) -> None:
+        """In its worker's queue, with this fencing ticket."""
+        self.fencing_ticket = ticket
+
+    def admitted(self, slot: int, *, waited_ms: int) -> None:
+        self.slot_index, self.queue_wait_ms = slot, waited_ms
+        self.admission_outcome = "admitted"
+
+    def ran(self, exec_ms: int) -> None:
+        """From its grant until its result (or until this process stopped waiting for one)."""
+        self.exec_ms = exec_ms
+
+    def went_away(self) -> None:
+        """Its client disconnected. One that waited in the queue was taken out of it."""
+        self.outcome = "disconnected"
+        if self.fencing_ticket is not None and self.slot_index is None:
+            self.admission_outcome = "cancelled"
+
+    def refused(self, refusal: Refusal) -> None:
+        """It will be answered with this refusal, which may decide what the row says of
+        admission (queue full, timed out, cancelled, rate limited, ...)."""
+        if refusal.admission_outcome is not None:
+            self.admission_outcome = refusal.admission_outcome
+        if refusal.code == "REQUEST_CANCELLED":
+            self.outcome = "cancelled"
+
+    def answered(
+        self,
+        status: int,
+        refusal: Refusal | None = None,
+        *,
+        code: str = "",
+        duration_ms: int | None = None,
+    ) -> None:
+        """The answer the call got: its result (no refusal) or a refusal."""
         self.http_status = status
-        self.code = code
-        self.duration_ms = int((time.monotonic() - self.started_monotonic) * 1000)
+        self.code = code if refusal is None else refusal.code
+        if refusal is not None:
+            self.refused(refusal)
+        if duration_ms is None:
+            duration_ms = int((time.monotonic() - self.started_monotonic) * 1000)
+        self.duration_ms = duration_ms
+
+    def went_away_answered(self) -> None:
+        """The answer of a call whose client is gone: 499, which nobody reads."""
+        self.went_away()
+        self.answered(499, code="CLIENT_DISCONNECTED")
+
+    @classmethod
+    def restored(cls, saved: dict[str, Any]) -> CompletionDraft:
+        """A draft saved as `row()` (a durable call's), to be completed by its status."""
+        draft = cls(**{k: v for k, v in saved.items() if k != "started"})
+        draft.started = float(saved["started"])
+        return draft
 
     def row(self) -> dict[str, Any]:
         data = asdict(self)
@@ -84,6 +146,22 @@ class CompletionDraft:
             # gone): the call waited for its whole life, and that wait is what attribution needs.
             data["queue_wait_ms"] = self.duration_ms
         return data
+
+
+# What `describe` may set: everything the request, its caller and its budgets say.
+_GIVEN_FIELDS = frozenset(
+    {
+        "request_id",
+        "tenant_hash",
+        "principal_hash",
+        "worker_id",
+        "workspace_id",
+        "worktree",
+        "isolation_key_hash",
+        "operation",
+        "deadline_budget_ms",
+    }
+)
 
 
 def _model_row(data: dict[str, Any]) -> CompletionLog:

@@ -189,21 +189,16 @@ def completion_row(
     """The call's one completion row: the saved draft, completed with the status's facts."""
     refusal = ending.refusal
     admitted = status.get("ta")
-    draft = CompletionDraft(**{k: v for k, v in saved.items() if k != "started"})
-    draft.started = float(saved["started"])
-    draft.fencing_ticket = int(status["seq"])
+    draft = CompletionDraft.restored(saved)
+    draft.entered(int(status["seq"]))
     if admitted is not None:
-        draft.admission_outcome = "admitted"
-        draft.slot_index = int(status["slot"])
-        draft.queue_wait_ms = int(admitted) - int(status["t0"])
-        draft.exec_ms = max(0, ending.ended_ms - int(admitted))
-    if refusal is not None and refusal.admission_outcome is not None:
-        draft.admission_outcome = refusal.admission_outcome
-    if status["state"] == "cancelled":
-        draft.outcome = "cancelled"
-    draft.http_status = 200 if refusal is None else status_of(refusal)
-    draft.code = "" if refusal is None else refusal.code
-    draft.duration_ms = max(0, ending.ended_ms - int(status["t0"]))
+        draft.admitted(int(status["slot"]), waited_ms=int(admitted) - int(status["t0"]))
+        draft.ran(max(0, ending.ended_ms - int(admitted)))
+    draft.answered(
+        200 if refusal is None else status_of(refusal),
+        refusal,
+        duration_ms=max(0, ending.ended_ms - int(status["t0"])),
+    )
     return draft
 
 

@@ -118,11 +118,13 @@ def request_cancelled() -> Refusal:
     )
 
 
-def shutting_down() -> Refusal:
+def shutting_down(*, waited: bool = False) -> Refusal:
+    """`waited`: the call was in its queue, and the shutdown took it out."""
     return Refusal(
         "SERVICE_SHUTTING_DOWN",
         f"This API process is shutting down; {NOT_STARTED}. Send it again.",
         retry_after_s=1,
+        admission_outcome="cancelled" if waited else None,
     )
 
 

@@ -211,11 +211,9 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
     if kind == "revoked":
         raise refusals.key_revoked()
     if kind == "cancelled":
-        call.draft.outcome = "cancelled"
         raise refusals.request_cancelled()
     if kind == shutdown.MESSAGE["t"]:
-        call.draft.admission_outcome = "cancelled"
-        raise refusals.shutting_down()
+        raise refusals.shutting_down(waited=True)
     raise refusals.worker_offline(call.worker_id)
 
 
@@ -369,7 +367,7 @@ async def call_execute(
     Every time it reads comes from `clock`; `call.draft.started_monotonic` is on the same one."""
     draft = call.draft
     base, _lane = isolation_key(call.request)
-    draft.isolation_key_hash = isolation_key_hash(call.worker_id, call.request)
+    draft.describe(isolation_key_hash=isolation_key_hash(call.worker_id, call.request))
     try:
         policy = await apolicy_for(worker_id=call.worker_id, tenant_id=call.caller.tenant_id)
         queue_ms = deadlines.queue_budget_ms(
@@ -378,7 +376,9 @@ async def call_execute(
         exec_ms = deadlines.exec_budget_ms(
             request=call.request, job_timeout_ms=policy.job_timeout_ms
         )
-        draft.deadline_budget_ms = deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
+        draft.describe(
+            deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
+        )
         queue_deadline = draft.started_monotonic + queue_ms / 1000
         await _rate_limit(call, policy, limiter)
         target = check_target(call, call.target)
@@ -407,9 +407,7 @@ async def call_execute(
             call, queue, policy, target, queue_ms, exec_ms, queue_deadline, clock
         )
     except refusals.Refusal as refusal:
-        # The one place a refusal decides what the completion row says of admission.
-        if refusal.admission_outcome is not None:
-            draft.admission_outcome = refusal.admission_outcome
+        draft.refused(refusal)
         raise
     except RedisError as exc:
         # A Redis that is down or too busy to connect to is expected under overload: one line.
@@ -418,7 +416,7 @@ async def call_execute(
             exc_info=not expected_outage(exc),
             extra={"error": str(exc)},
         )
-        if draft.admission_outcome == "admitted" or call.dispatched or call.maybe_queued:
+        if draft.slot_index is not None or call.dispatched or call.maybe_queued:
             # Its enqueue may have happened (and a grant dispatches): it may have run.
             call.dispatched = True
             raise refusals.assignment_expired(
@@ -517,7 +515,8 @@ async def _admitted_call(
             # Revoked a moment ago; this process's caller cache had not seen it yet.
             raise refusals.key_revoked()
         raise refusals.worker_offline(call.worker_id)
-    draft.fencing_ticket = entered.ticket
+    assert entered.ticket is not None  # granted or waiting: the script gave it one
+    draft.entered(entered.ticket)
     call.entered.set()
     waited = entered.grant is None
     if entered.grant is not None and entered.grant.dispatched:
@@ -547,7 +546,7 @@ async def _admitted_call(
         if call.durable:
             # Only this process's end cancels a durable call's watcher: the call stays queued.
             raise
-        draft.outcome, draft.admission_outcome = "disconnected", "cancelled"
+        draft.went_away()
         await asyncio.shield(_leave_or_release(call, queue, policy, clock))
         raise
     except RedisError:
@@ -556,9 +555,7 @@ async def _admitted_call(
         await asyncio.shield(_leave_or_release(call, queue, policy, clock))
         raise
     admitted_at = clock.monotonic()
-    draft.queue_wait_ms = int((admitted_at - draft.started_monotonic) * 1000)
-    draft.slot_index = grant.slot
-    draft.admission_outcome = "admitted"
+    draft.admitted(grant.slot, waited_ms=int((admitted_at - draft.started_monotonic) * 1000))
     if not grant.dispatched:
         # The scripts could not reach the broker (admission on a Redis Cluster): push it here,
         # unless the key was revoked while the call waited (it must not run: 401, not started).
@@ -584,10 +581,10 @@ async def _admitted_call(
     try:
         message = await _wait_for_result(call, queue, grant, call.exec_deadline, policy, clock)
     except asyncio.CancelledError:
-        draft.outcome = "disconnected"
+        draft.went_away()
         raise
     finally:
-        draft.exec_ms = int((clock.monotonic() - admitted_at) * 1000)
+        draft.ran(int((clock.monotonic() - admitted_at) * 1000))
     return await settlement_answer(call, message)
 
 

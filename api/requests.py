@@ -81,7 +81,7 @@ class DurableSubmitApi(WorkspaceToolsExecuteApi):
             raise Refusal("NOT_FOUND", "Durable requests are not offered here.")
         if self.resolved.worker_id is None:
             raise refusals.no_worker_selected()
-        self.draft.worker_id = self.resolved.worker_id
+        self.draft.describe(worker_id=self.resolved.worker_id)
         self.call = call = Call(
             caller=caller,
             request=self.parsed.body,
@@ -103,8 +103,7 @@ class DurableSubmitApi(WorkspaceToolsExecuteApi):
         except asyncio.CancelledError:
             if self.call is None:
                 # Gone before anything was queued: the row says so, as for execute.
-                self.draft.outcome = "disconnected"
-                self.draft.finish(499, "CLIENT_DISCONNECTED")
+                self.draft.went_away_answered()
                 emit_row(self.draft, self.queue)
             # Otherwise the call carries on (its watcher task is not this request's) and
             # writes its own row; the client finds it under its request id.

@@ -121,13 +121,15 @@ def _parse(request: Request, draft: CompletionDraft) -> Parsed:
         )
         raw_request_id = request.headers.get("X-LibreChat-Workspace-Request-Id")
         request_id = validate_request_id(raw_request_id) if raw_request_id is not None else None
-        draft.request_id = request_id or ""
+        draft.describe(request_id=request_id or "")
         body = validate_request(_json_body(request))
     except ProtocolError as exc:
         raise invalid(exc.code, exc.message) from None
-    draft.operation = str(body["operation"])
-    draft.workspace_id = str(body["workspaceId"])
-    draft.worktree = str(body.get("worktree") or "")
+    draft.describe(
+        operation=str(body["operation"]),
+        workspace_id=str(body["workspaceId"]),
+        worktree=str(body.get("worktree") or ""),
+    )
     return Parsed(body, worker_id, queue_wait_ms, request_id)
 
 
@@ -160,7 +162,7 @@ def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
     ):
         if not getattr(draft, attr) and headers.get(header):
             with contextlib.suppress(ProtocolError):
-                setattr(draft, attr, check(headers[header]))
+                draft.describe(**{attr: check(headers[header])})
     if (
         draft.operation
         or request.content_type != "application/json"
@@ -175,13 +177,15 @@ def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
     if not isinstance(body, dict):
         return
     if isinstance(body.get("operation"), str) and body["operation"] in OPERATIONS:
-        draft.operation = str(body["operation"])
+        draft.describe(operation=str(body["operation"]))
     workspace, worktree = body.get("workspaceId"), body.get("worktree")
     if isinstance(workspace, str) and _WORKSPACE_ID_RE.fullmatch(workspace):
-        draft.workspace_id = workspace
+        draft.describe(workspace_id=workspace)
         # Lane names follow the worker-id pattern.
         with contextlib.suppress(ProtocolError):
-            draft.worktree = validate_worker_id(worktree) if isinstance(worktree, str) else ""
+            draft.describe(
+                worktree=validate_worker_id(worktree) if isinstance(worktree, str) else ""
+            )
 
 
 class WorkspaceToolsExecuteApi(AsyncApiView):
@@ -234,10 +238,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         user = request.user
         assert isinstance(user, ApiUser) and self.resolved is not None
         caller = user.caller
-        self.draft.tenant_hash, self.draft.principal_hash = (
-            caller.tenant_hash,
-            caller.principal_hash,
-        )
+        self.draft.describe(tenant_hash=caller.tenant_hash, principal_hash=caller.principal_hash)
         if self.invalid is not None or self.parsed is None:
             raise self.invalid or unauthenticated()
         return caller
@@ -258,7 +259,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         assert self.resolved is not None and self.parsed is not None
         if self.resolved.worker_id is None:
             raise refusals.no_worker_selected()
-        self.draft.worker_id = self.resolved.worker_id
+        self.draft.describe(worker_id=self.resolved.worker_id)
         self.call = Call(
             caller=caller,
             request=self.parsed.body,
@@ -273,7 +274,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             queue=self.queue,
             limiter=RateLimiter(self.queue.client, prefix=self.queue.prefix),
         )
-        self.draft.finish(200)
+        self.draft.answered(200)
         return self._answer(result, 200, {})
 
     def handle_exception(self, exc: Exception) -> Response:
@@ -296,7 +297,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             )
         _fill_known(self.request._request, self.draft)
         status = status_of(refusal)
-        self.draft.finish(status, refusal.code)
+        self.draft.answered(status, refusal)
         return self._answer(refusal_body(refusal), status, refusal_headers(refusal))
 
     def _answer(self, data: Any, status: int, headers: dict[str, str]) -> Response:
@@ -313,8 +314,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             return await super().async_dispatch(request, *args, **kwargs)
         except asyncio.CancelledError:
             # The client went away; the row says so.
-            self.draft.outcome = "disconnected"
-            self.draft.finish(499, "CLIENT_DISCONNECTED")
+            self.draft.went_away_answered()
             _emit(self.draft, self.queue)
             raise
 
@@ -338,9 +338,8 @@ def execute_abandoned(request: HttpRequest) -> None:
     if request.method != "POST" or request.path_info != "/v1/workspace-tools/execute":
         return
     draft = CompletionDraft()
-    draft.outcome = "disconnected"
     _fill_known(request, draft)
-    draft.finish(499, "CLIENT_DISCONNECTED")
+    draft.went_away_answered()
     _emit(draft, async_queue())
 
 

@@ -35,7 +35,7 @@ def finished_draft() -> CompletionDraft:
     draft = CompletionDraft(
         operation="read_file", outcome="completed", admission_outcome="admitted"
     )
-    draft.finish(200)
+    draft.answered(200)
     return draft
 
 

@@ -41,7 +41,7 @@ def add_row(client: redis.Redis) -> str:
     draft = CompletionDraft(
         operation="read_file", outcome="completed", admission_outcome="admitted"
     )
-    draft.finish(200)
+    draft.answered(200)
     client.xadd(stream_key(), dict(_encode(draft.row())))  # type: ignore[arg-type]
     return draft.uid
 

@@ -166,7 +166,7 @@ def test_a_malformed_stream_entry_is_dropped_and_the_rows_behind_it_land(
     drainer.consumer = f"test-{uuid.uuid4().hex[:6]}"
     drainer.ensure_group()
     good = CompletionDraft(operation="read_file", outcome="completed", admission_outcome="admitted")
-    good.finish(200)
+    good.answered(200)
     client.xadd(stream_key(), {"uid": "x" * 40, "started": "not-a-time", "http_status": "oops"})
     client.xadd(stream_key(), dict(_encode(good.row())))  # type: ignore[arg-type]
     for _ in range(5):

@@ -162,7 +162,7 @@ def test_the_drainer_tells_the_rollup_what_it_landed(settings: Any) -> None:
         draft = CompletionDraft(
             worker_id="w1", operation="read_file", outcome="completed", admission_outcome="admitted"
         )
-        draft.finish(200)
+        draft.answered(200)
         client.xadd(stream_key(), dict(_encode(draft.row())))  # type: ignore[arg-type]
         assert drainer.drain_once() == 1
         assert [[r.uid for r in batch] for batch in told] == [[draft.uid]]
