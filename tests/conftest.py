@@ -116,11 +116,14 @@ def sync_redis(redis_prefix: str) -> Iterator[redis.Redis]:
 
 from dataclasses import dataclass  # noqa: E402
 
-from livesupport import ApiServer, Worker, base_env, start_api, unique  # noqa: E402
+from livesupport import ApiServer, Worker, base_env, start_api, stop_drainers, unique  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def live_env(django_db_setup: None, django_db_blocker: Any) -> dict[str, str]:
+def live_env(django_db_setup: None, django_db_blocker: Any) -> Iterator[dict[str, str]]:
+    """The environment of this session's API processes, workers and drainers. Its teardown
+    stops the drainers (which live for the session) before the test database is dropped:
+    one still connected would keep the database, and every run would leave one behind."""
     from django.db import connection
 
     db = connection.settings_dict
@@ -129,7 +132,7 @@ def live_env(django_db_setup: None, django_db_blocker: Any) -> dict[str, str]:
     url = f"postgres://{auth}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
     if host.startswith("/"):
         url = f"postgres://{auth}@/{db['NAME']}?host={host}"
-    return base_env(
+    yield base_env(
         {
             "DATABASE_URL": url,
             "SLUICE_REDIS_PREFIX": settings.REDIS_KEY_PREFIX,
@@ -137,6 +140,7 @@ def live_env(django_db_setup: None, django_db_blocker: Any) -> dict[str, str]:
             "ADMISSION_REDIS_URL": settings.ADMISSION_REDIS_URL,
         }
     )
+    stop_drainers()
 
 
 @pytest.fixture(scope="session")

@@ -169,7 +169,7 @@ def ensure_drainer(env: dict[str, str]) -> Process:
 
 
 @atexit.register
-def _stop_drainers() -> None:
+def stop_drainers() -> None:
     for drainer in _drainers.values():
         drainer.stop(timeout_s=5)
     _drainers.clear()
