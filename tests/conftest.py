@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import quickflush
 import redis
 from django.conf import settings
 
@@ -42,6 +43,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # The machine's shared Redis never gets an ACL user: the tests that prove the per-worker
     # users turn this on against a throwaway redis-server of their own (tests/security).
     settings.SLUICE_WORKER_REDIS_ACL = False
+    settings.PASSWORD_HASHERS = ["quickhash.QuickPBKDF2PasswordHasher", *settings.PASSWORD_HASHERS]
+    quickflush.install()
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
         **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
         "global_keyprefix": settings.REDIS_KEY_PREFIX + "celery:",
@@ -84,6 +87,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def django_db_modify_db_settings() -> None:
     # A database of this run's own: concurrent runs on one machine never share (or drop) it.
     settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_sluice_{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test database, which it drops at the end, and Postgres refuses to drop
+    a database anything is still connected to: a thread of `in_db_thread`'s pool keeps its
+    connection, a test's child process may outlive it. Those go first, so no run leaves its
+    database behind on the machine."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -320,6 +322,11 @@ def git_workspace(
     for lane in lanes:
         git(path, "worktree", "add", "-q", f".worktrees/{lane}", "-b", lane)
     return path
+
+
+# For a client that asks whether a Redis answers yet: redis-py's default retries a refused
+# connection for about 3.5 s before it says no.
+NO_RETRY = Retry(NoBackoff(), 0)
 
 
 def wait_until(

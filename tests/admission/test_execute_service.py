@@ -490,9 +490,10 @@ def test_redis_failing_on_the_enqueue_itself_is_answered_ambiguous(rig: Rig) -> 
 
 
 def test_time_spent_before_entering_counts_against_the_queue_allowance(rig: Rig) -> None:
-    call = make_call(rig, wait_ms=10_000, request_id="late-entry-01")
-    # The request arrived 7 s ago (a process busy with a burst reached it only now).
-    rig.clock.advance(7.0)
+    # (Scaled down: the service's wait for a grant is a real one, as long as what is left.)
+    call = make_call(rig, wait_ms=1_000, request_id="late-entry-01")
+    # The request arrived 0.5 s ago (a process busy with a burst reached it only now).
+    rig.clock.advance(0.5)
     entered_at = rig.clock.peek_ms()
 
     async def scenario(queue: AsyncQueue) -> refusals.Refusal:
@@ -501,9 +502,9 @@ def test_time_spent_before_entering_counts_against_the_queue_allowance(rig: Rig)
         await until(lambda: rig.state(call.entry_id) == "w")
         entry = rig.entry(call.entry_id)
         assert entry is not None
-        # Redis holds it for the 3 s left, not for a fresh 10 s.
-        assert entry["dl"] == entered_at + 3_000
-        rig.clock.advance(3.0)
+        # Redis holds it for the 500 ms left, not for a fresh second.
+        assert entry["dl"] == entered_at + 500
+        rig.clock.advance(0.5)
         return await refused(task)
 
     refusal = run(rig, scenario)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import redis
-from livesupport import free_port
+from livesupport import NO_RETRY, free_port
 
 NODES = 3
 
@@ -79,7 +79,7 @@ class LocalCluster:
 
     @staticmethod
     def _node(port: int) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+        return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5, retry=NO_RETRY)
 
     def _state_ok(self, port: int) -> bool:
         return self._node(port).cluster("INFO").get("cluster_state") == "ok"

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import redis
-from livesupport import free_port
+from livesupport import NO_RETRY, free_port
 
 EXECUTE = "/v1/workspace-tools/execute"
 
@@ -51,7 +51,9 @@ class ThrowawayRedis:
 
     def answers(self) -> bool:
         try:
-            with redis.Redis.from_url(self.url, socket_connect_timeout=0.3) as client:
+            with redis.Redis.from_url(
+                self.url, socket_connect_timeout=0.3, retry=NO_RETRY
+            ) as client:
                 return bool(client.ping())
         except redis.RedisError:
             return False

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from livesupport import free_port, wait_until
+from livesupport import NO_RETRY, free_port, wait_until
 
 from scripts.devprocs import embedded_redis
 
@@ -32,13 +32,13 @@ def test_the_embedded_redis_answers_only_with_its_password(
     server: tuple[Path, str, int],
 ) -> None:
     data, url, port = server
-    owner = redis.Redis.from_url(url, socket_connect_timeout=1)
+    owner = redis.Redis.from_url(url, socket_connect_timeout=1, retry=NO_RETRY)
     wait_until(lambda: _pings(owner), timeout_s=15)
     # The password lives only in the URL the instance hands its own processes and in a file
     # nobody else can read.
     assert stat.S_IMODE((data / "redis.conf").stat().st_mode) == 0o600
     assert owner.set("k", "v") and owner.get("k") == b"v"
-    stranger = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+    stranger = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1, retry=NO_RETRY)
     with pytest.raises(redis.AuthenticationError):
         stranger.get("k")
     with pytest.raises(redis.AuthenticationError):

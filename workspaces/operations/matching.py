@@ -27,9 +27,11 @@ which has a fixed budget: past it the edit is refused rather than left to run fo
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sluice_protocol import TOLERANT_STRATEGIES
 
@@ -59,8 +61,7 @@ class Span:
     replacement: str
 
 
-@dataclass(frozen=True)
-class _Line:
+class _Line(NamedTuple):
     start: int
     end: int  # past the content, before "\r\n" or "\n"
     next: int | None  # past the terminator; None for an unterminated last line
@@ -70,17 +71,20 @@ class TooRepetitive(Exception):
     pass
 
 
-def _lines(text: str) -> list[_Line]:
+@functools.lru_cache(maxsize=2)
+def _lines(text: str) -> tuple[_Line, ...]:
+    """The file's lines, computed once for the strategies that each walk them (a str caches
+    its hash, so the cache's lookup costs no second pass over the text)."""
     lines: list[_Line] = []
     start = 0
-    while True:
-        newline = text.find("\n", start)
-        if newline < 0:
-            lines.append(_Line(start, len(text), None))
-            return lines
-        end = newline - 1 if newline > start and text[newline - 1] == "\r" else newline
-        lines.append(_Line(start, end, newline + 1))
-        start = newline + 1
+    pieces = text.split("\n")
+    for piece in pieces[:-1]:
+        end = start + len(piece)
+        content_end = end - 1 if piece.endswith("\r") else end
+        lines.append(_Line(start, content_end, end + 1))
+        start = end + 1
+    lines.append(_Line(start, len(text), None))
+    return tuple(lines)
 
 
 def _needle(old: str) -> tuple[list[str], bool]:
@@ -111,7 +115,7 @@ def _kmp_ends(sought: Sequence[str], values: Iterator[str]) -> Iterator[int]:
             matched = prefix[matched - 1]
 
 
-def _ending_near(text: str, lines: list[_Line], first: int) -> str:
+def _ending_near(text: str, lines: Sequence[_Line], first: int) -> str:
     for line in (lines[first], lines[first - 1] if first else None):
         if line is not None and line.next is not None:
             return "\r\n" if line.end < line.next - 1 else "\n"

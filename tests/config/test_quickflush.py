@@ -1,0 +1,59 @@
+"""The test process empties the database with DELETE instead of TRUNCATE (tests/quickflush.py):
+it must leave exactly what a TRUNCATE leaves, related rows included."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.color import no_style
+from django.db import connection
+from django.db.backends.postgresql.operations import DatabaseOperations
+
+from admission.models import AdmissionPolicy
+
+
+def test_a_flush_empties_every_table_whatever_refers_to_what(account_factory: Any) -> None:
+    # A tenant, its principal, key, worker and default worker, a user: rows that refer to each
+    # other both ways; then the flush a transactional test ends with.
+    account_factory()
+    User.objects.create_user("someone", password="x")
+    AdmissionPolicy.from_env().save()
+    assert sum(model._default_manager.exists() for model in apps.get_models()) >= 5
+    call_command("flush", interactive=False, verbosity=0)
+    # The flush's post_migrate signal writes the content types and permissions back, as after
+    # a TRUNCATE; nothing else is left.
+    left = {m.__name__ for m in apps.get_models() if m._default_manager.exists()}
+    assert left == {"ContentType", "Permission"}
+
+
+def test_the_flush_deletes_and_a_sequence_reset_still_truncates() -> None:
+    tables = ["admission_tenant", "auth_user"]
+    assert connection.ops.sql_flush(no_style(), tables) == [
+        'DELETE FROM "admission_tenant";',
+        'DELETE FROM "auth_user";',
+    ]
+    reset = connection.ops.sql_flush(no_style(), tables, reset_sequences=True)
+    assert reset[0].startswith("TRUNCATE")
+
+
+def test_djangos_flush_hook_still_takes_what_quickflush_replaces() -> None:
+    # A tripwire: a Django upgrade that changes the backend's flush interface fails here.
+    import quickflush
+
+    original = inspect.signature(quickflush._truncate)
+    assert list(original.parameters) == [
+        "self",
+        "style",
+        "tables",
+        "reset_sequences",
+        "allow_cascade",
+    ]
+    assert DatabaseOperations.sql_flush is quickflush.sql_flush
+
+
+pytestmark = pytest.mark.django_db(transaction=True)
