@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from dashsupport import Calls, command, landed_rows, queue_entries, read, request_id, wait_until
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Permission
 from django.test import Client
 from livesupport import ROOT, git_workspace, unique
@@ -77,7 +78,12 @@ def test_staff_sees_a_busy_slot_while_a_command_runs_and_a_member_is_refused(
     staff = django_user_model.objects.create_user(unique("staff"), password=PASSWORD, is_staff=True)
     # The dashboard's numbers link to the completion log, which needs its view permission.
     staff.user_permissions.add(Permission.objects.get(codename="view_completionlog"))
-    member = django_user_model.objects.create_user(unique("member"), password=PASSWORD)
+    # At the API processes' own strength (Django's PBKDF2 hasher), not the test process's
+    # quick one: the member signs in below, and an API process that re-hashed the password
+    # would end the session made here.
+    member = django_user_model.objects.create_user(unique("member"))
+    member.password = make_password(PASSWORD, hasher="pbkdf2_sha256")
+    member.save(update_fields=["password"])
     member_session = Client()
     member_session.force_login(member)
     owner = account_factory()
