@@ -27,3 +27,22 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
+
+
+class TypedApiAnswersFilter(logging.Filter):
+    """Drops django.request's line for an answer of the workspace tools (`/v1/workspace-tools/`).
+
+    Django logs every 5xx answer at ERROR ("Service Unavailable: /v1/..."). Every answer there
+    is typed: an expected refusal (queue timeout, queue full, shutting down) is counted in
+    /metrics and needs no line; Redis or Postgres away is logged once by the code that
+    refused, without a traceback; an error nobody foresaw is logged there with its traceback.
+    Django's line would double these, and a burst of refusals would fill the log with it. A
+    record that carries an exception (one that reached Django unhandled) is always kept, and
+    every other path (admin, dashboard, worker endpoints, /healthz) keeps Django's line.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            return True
+        request = getattr(record, "request", None)
+        return not str(getattr(request, "path", "")).startswith("/v1/workspace-tools/")

@@ -249,6 +249,9 @@ LOGGING = {
     "formatters": {
         "json": {"()": "config.logging.JsonFormatter"},
     },
+    "filters": {
+        "typed_api_answers": {"()": "config.logging.TypedApiAnswersFilter"},
+    },
     "handlers": {
         "stdout": {
             "class": "logging.StreamHandler",
@@ -258,7 +261,7 @@ LOGGING = {
     },
     "root": {"handlers": ["stdout"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
-        "django.request": {"level": "ERROR"},
+        "django.request": {"level": "ERROR", "filters": ["typed_api_answers"]},
         "celery": {"level": "WARNING"},
     },
 }
