@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -94,6 +95,9 @@ class Call:
     entered: asyncio.Event = field(default_factory=asyncio.Event)
     entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     response_headers: dict[str, str] = field(default_factory=dict)
+    # Looks the worker up again, past every cache (the API edge's resolver): used once, when
+    # the queue refuses the call for an incarnation that is no longer registered.
+    refresh_target: Callable[[], Awaitable[Target | None]] | None = None
 
     @property
     def operation(self) -> str:
@@ -454,11 +458,7 @@ async def _admitted_call(
     command_timeout = deadlines.command_timeout_ms(
         request=call.request, job_timeout_ms=policy.job_timeout_ms
     )
-    # Signed against the incarnation the offer was read with: a call entering under another
-    # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
-    assignment = _assignment(call, target.incarnation_id, exec_ms, command_timeout)
     expires = datetime.fromtimestamp(clock.now() + (queue_ms + exec_ms) / 1000, tz=UTC)
-    broker_key, envelope = assignment_message(assignment, expires=expires)
     left_ms = int((queue_deadline - clock.monotonic()) * 1000)
     if left_ms < -LATE_ENTRY_MS:
         # Its allowance ran out more than a second ago, before it reached its queue (a process
@@ -476,34 +476,50 @@ async def _admitted_call(
             ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
             submitted_ms=int(draft.started * 1000),
         )
-    # From here until the queue answers, the call may be in it (and granted, so dispatched).
-    call.maybe_queued = True
-    entered = await queue.enter(
-        worker_id=call.worker_id,
-        entry_id=call.entry_id,
-        key=isolation_key(call.request),
-        # What is left of the allowance, which counts from the request's start (contract
-        # §2.3): time a loaded process spent before this point must not let Redis grant the
-        # call any later (§2.8: no wait past allowance + 1 s). At least 1 ms, so a call that
-        # arrives just spent is still granted if its slot is free, and else times out at once.
-        queue_budget_ms=max(1, left_ms),
-        exec_budget_ms=exec_ms,
-        queue_limit=policy.worker_queue_limit,
-        slot_ceiling=policy.max_lease_slots,
-        operation=call.operation,
-        workspace_id=str(call.request["workspaceId"]),
-        needs=call_needs(call.request),
-        envelope=envelope,
-        durable=call.durable,
-        incarnation=target.incarnation_id,
-        key_id=call.caller.key_id,
-        now_ms=clock.scripts_ms(),
-    )
-    call.maybe_queued = False
-    if entered.status == "refused":
+    while True:
+        # Signed against the incarnation the offer was read with: a call entering under another
+        # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
+        assignment = _assignment(call, target.incarnation_id, exec_ms, command_timeout)
+        broker_key, envelope = assignment_message(assignment, expires=expires)
+        # From here until the queue answers, the call may be in it (and granted, so dispatched).
+        call.maybe_queued = True
+        entered = await queue.enter(
+            worker_id=call.worker_id,
+            entry_id=call.entry_id,
+            key=isolation_key(call.request),
+            # What is left of the allowance, which counts from the request's start (contract
+            # §2.3): time a loaded process spent before this point must not let Redis grant
+            # the call any later (§2.8: no wait past allowance + 1 s). At least 1 ms, so a call
+            # that arrives just spent is still granted if its slot is free, and else times out
+            # at once.
+            queue_budget_ms=max(1, left_ms),
+            exec_budget_ms=exec_ms,
+            queue_limit=policy.worker_queue_limit,
+            slot_ceiling=policy.max_lease_slots,
+            operation=call.operation,
+            workspace_id=str(call.request["workspaceId"]),
+            needs=call_needs(call.request),
+            envelope=envelope,
+            durable=call.durable,
+            incarnation=target.incarnation_id,
+            key_id=call.caller.key_id,
+            now_ms=clock.scripts_ms(),
+        )
+        call.maybe_queued = False
+        if entered.status != "refused":
+            break
         # Perhaps only this process's view of the worker was old (the caller cache): the next
         # lookup must ask Postgres again.
         forget_cached_callers()
+        fresh = await _restarted_target(call, target, entered.code)
+        if fresh is None:
+            break
+        # The worker restarted since this process last looked (within its cache's second):
+        # the call never entered, so it enters once more, signed for the new incarnation,
+        # under the same entry id (its request id names it). The refusal's own wake-up is
+        # taken first, or the new wait would read it.
+        await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
+        target = fresh
     if entered.status == "full":
         raise refusals.queue_full(call.worker_id, entered.held)
     if entered.status == "offline":
@@ -586,6 +602,19 @@ async def _admitted_call(
     finally:
         draft.ran(int((clock.monotonic() - admitted_at) * 1000))
     return await settlement_answer(call, message)
+
+
+async def _restarted_target(call: Call, old: Target, refused_code: str) -> Target | None:
+    """The worker's new registration, when the queue refused the call only because the one it
+    was signed for is gone (WORKER_OFFLINE at enter means exactly that), looked up once."""
+    refresh, call.refresh_target = call.refresh_target, None
+    if refused_code != "WORKER_OFFLINE" or refresh is None:
+        return None
+    fresh = await refresh()
+    if fresh is None or fresh.incarnation_id == old.incarnation_id:
+        return None
+    call.target = fresh
+    return check_target(call, fresh)
 
 
 async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy, clock: Clock) -> None:

@@ -90,6 +90,7 @@ class DurableSubmitApi(WorkspaceToolsExecuteApi):
             request_id=self.parsed.request_id,
             draft=self.draft,
             target=self.resolved.target,
+            refresh_target=self.refresh_target,
             durable=True,
         )
         status = await durable_submit(call, queue=self.queue, status_of=status_of)

@@ -44,7 +44,7 @@ from admission.policy import acurrent_policy
 from admission.queue import AsyncQueue
 from admission.ratelimit import RateLimiter
 from admission.refusals import Refusal
-from admission.selectors import Resolved
+from admission.selectors import Resolved, Target
 from admission.services import Call, call_execute, isolation_key_hash
 from api.authentication import ApiUser, AsyncApiKeyAuthentication
 from api.base import AsyncApiView
@@ -203,6 +203,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         # caller learns nothing about its request.
         self.invalid: Refusal | None = None
         self.resolved: Resolved | None = None
+        self.token: str | None = None
         self.call: Call | None = None
 
     async def prepare(self, request: Request) -> None:
@@ -219,18 +220,29 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
 
     async def lookup_caller(self, token: str | None) -> Caller | None:
         """The key, the worker (named or the tenant's default) and its offer in one query."""
+        self.token = token
+        self.resolved = await self._resolve()
+        return self.resolved.caller
+
+    async def _resolve(self) -> Resolved:
         parsed = self.parsed
 
         def key_hash(worker_id: str) -> str:
             return isolation_key_hash(worker_id, parsed.body) if parsed else ""
 
-        self.resolved = await cached_resolve(
-            token=token,
+        return await cached_resolve(
+            token=self.token,
             worker_id=parsed.worker_id if parsed else None,
             request=parsed.body if parsed else None,
             key_hash=key_hash,
         )
-        return self.resolved.caller
+
+    async def refresh_target(self) -> Target | None:
+        """The call's worker looked up again (the service has just emptied the caller cache):
+        its new registration, after a restart this process had not seen yet."""
+        resolved = await self._resolve()
+        same = self.resolved is not None and resolved.worker_id == self.resolved.worker_id
+        return resolved.target if same else None
 
     def checked_caller(self, request: Request) -> Caller:
         """The authenticated caller, named on the row; then the request's own refusal, held
@@ -268,6 +280,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             request_id=self.parsed.request_id,
             draft=self.draft,
             target=self.resolved.target,
+            refresh_target=self.refresh_target,
         )
         result = await call_execute(
             self.call,

@@ -8,6 +8,7 @@ Each test names one rule of contract §2.3-§2.5 and fails if that rule breaks.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 import uuid
@@ -79,7 +80,9 @@ class Rig:
         entry = self.entry(entry_id)
         return None if entry is None else str(entry["st"])
 
-    def settle(self, entry_id: str, ticket: int, payload: dict[str, Any]) -> bool:
+    def settle(
+        self, entry_id: str, ticket: int, payload: dict[str, Any], incarnation: str = "inc1"
+    ) -> bool:
         body = dict(payload)
         body["sig"] = sign(
             signing_key(TOKEN_HASH), "settlement", {"entry": entry_id, "payload": payload}
@@ -87,7 +90,7 @@ class Rig:
         return self.sq.settle(
             worker_id=self.worker_id,
             entry_id=entry_id,
-            incarnation="inc1",
+            incarnation=incarnation,
             ticket=ticket,
             payload=body,
             now_ms=self.clock.peek_ms(),
@@ -352,6 +355,81 @@ def test_a_worker_restarted_while_the_call_waits_refuses_it_as_offline_not_start
     refusal = run(rig, scenario)
     assert (refusal.code, refusal.started) == ("WORKER_OFFLINE", False)
     assert rig.sync.get(request_id_key(rig.prefix, call.caller.scope, "restarted-01")) is None
+
+
+def _restart_worker(rig: Rig) -> Target:
+    """The worker registers again (incarnation inc2) with the same token and offer; what a
+    fresh lookup of it answers."""
+    rig.sq.register_incarnation(
+        worker_id=rig.worker_id, incarnation="inc2", slots=1, ttl_ms=60_000, offer={"ws": OFFER}
+    )
+    return Target(
+        worker_id=rig.worker_id,
+        incarnation_id="inc2",
+        token_hash=TOKEN_HASH,
+        workspace_registered=True,
+        operations=frozenset({"read_file", "execute_command"}),
+        linked_worktree_lanes=False,
+        quarantined=False,
+    )
+
+
+def test_a_call_signed_for_a_worker_that_restarted_since_enters_once_more_for_the_new_one(
+    rig: Rig,
+) -> None:
+    # The API process still knew the old incarnation (its caller cache lives a second): the
+    # queue refuses the call at once, never queued, so it is looked up again and enters anew.
+    fresh = _restart_worker(rig)
+    lookups: list[str] = []
+
+    async def refresh() -> Target | None:
+        lookups.append("lookup")
+        return fresh
+
+    call = make_call(rig, request_id="restart-02")
+    call.refresh_target = refresh
+
+    async def scenario(queue: AsyncQueue) -> dict[str, Any]:
+        task = execute(rig, queue, call)
+        await until(lambda: call.dispatched or task.done())
+        granted = rig.sq.grant_of(worker_id=rig.worker_id, entry_id=call.entry_id)
+        assert granted is not None and granted["incarnation"] == "inc2"
+        assert rig.settle(call.entry_id, granted["ticket"], {"ok": True, "result": RESULT}, "inc2")
+        return await bounded(task)
+
+    assert run(rig, scenario) == RESULT
+    assert lookups == ["lookup"]
+    # One message reached the worker: the one signed for the incarnation that runs it.
+    [message] = rig.broker_messages()
+    [carried], _kwargs, _embed = json.loads(base64.b64decode(json.loads(message)["body"]))
+    assert carried["incarnation"] == "inc2"
+    assert call.draft.admission_outcome == "admitted"
+
+
+@pytest.mark.parametrize("fresh_incarnation", [None, "inc1"])
+def test_a_call_whose_fresh_lookup_finds_no_new_incarnation_is_offline_not_started(
+    rig: Rig, fresh_incarnation: str | None
+) -> None:
+    _restart_worker(rig)
+    stale = make_call(rig).target
+    lookups: list[str] = []
+
+    async def refresh() -> Target | None:
+        lookups.append("lookup")
+        # Gone from Postgres too, or the lookup still names the incarnation that was refused.
+        return stale if fresh_incarnation else None
+
+    call = make_call(rig, request_id="restart-03")
+    call.refresh_target = refresh
+
+    async def scenario(queue: AsyncQueue) -> refusals.Refusal:
+        return await refused(execute(rig, queue, call))
+
+    refusal = run(rig, scenario)
+    assert (refusal.code, refusal.started) == ("WORKER_OFFLINE", False)
+    assert lookups == ["lookup"]  # looked up once, never in a loop
+    assert rig.broker_messages() == []
+    assert rig.sync.get(request_id_key(rig.prefix, call.caller.scope, "restart-03")) is None
 
 
 def test_an_offer_withdrawn_while_the_call_waits_refuses_it_as_a_mismatch_not_started(
