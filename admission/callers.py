@@ -42,7 +42,13 @@ class TtlCache(Generic[T]):
         self.items: dict[Hashable, tuple[float, T]] = {}
         self.loading: dict[Hashable, asyncio.Future[T]] = {}
 
-    async def get(self, key: Hashable, load: Callable[[], Awaitable[T]]) -> T:
+    async def get(
+        self, key: Hashable, load: Callable[[], Awaitable[T]], *, fresh: bool = False
+    ) -> T:
+        """The value, loaded once for everyone who asks meanwhile; `fresh`: not the one
+        remembered (a load that is under way still serves)."""
+        if fresh:
+            self.items.pop(key, None)
         hit = self.items.get(key)
         if hit is not None and self.clock() < hit[0]:
             return hit[1]
@@ -92,8 +98,10 @@ async def cached_resolve(
     worker_id: str | None,
     request: dict[str, Any] | None,
     key_hash: Callable[[str], str],
+    fresh: bool = False,
 ) -> Resolved:
-    """`call_resolve`, answered from the last second's identical lookup when there is one."""
+    """`call_resolve`, answered from the last second's identical lookup when there is one
+    (unless `fresh`)."""
     key = key_param(token or "")
     if key is None:
         return Resolved(None, None, None)
@@ -108,7 +116,7 @@ async def cached_resolve(
             call_resolve, token=token, worker_id=worker_id, request=request, key_hash=key_hash
         )
 
-    resolved: Resolved = await _cache().get(lookup, load)
+    resolved: Resolved = await _cache().get(lookup, load, fresh=fresh)
     if request is None:
         # The entry may have been filled by `cached_caller`, which names no worker.
         return Resolved(resolved.caller, worker_id if resolved.caller else None, None)

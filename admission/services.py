@@ -385,6 +385,10 @@ async def call_execute(
         )
         queue_deadline = draft.started_monotonic + queue_ms / 1000
         await _rate_limit(call, policy, limiter)
+        if call.target is not None and not call.target.incarnation_id:
+            # Offline as this process last saw it: a worker that registered again within the
+            # cache's second is looked up once more before the call is refused.
+            await _looked_up_again(call)
         target = check_target(call, call.target)
         if call.request.get("workspaceInstanceId") and not await queue.bind_instance(
             worker_id=call.worker_id, base=base, scope=call.caller.scope
@@ -604,16 +608,24 @@ async def _admitted_call(
     return await settlement_answer(call, message)
 
 
+async def _looked_up_again(call: Call) -> Target | None:
+    """The call's worker as Postgres has it now, past this process's caller cache (whose
+    second may not have seen a restart yet). Once per call: a second doubt is the answer."""
+    refresh, call.refresh_target = call.refresh_target, None
+    fresh = None if refresh is None else await refresh()
+    if fresh is not None:
+        call.target = fresh
+    return fresh
+
+
 async def _restarted_target(call: Call, old: Target, refused_code: str) -> Target | None:
     """The worker's new registration, when the queue refused the call only because the one it
-    was signed for is gone (WORKER_OFFLINE at enter means exactly that), looked up once."""
-    refresh, call.refresh_target = call.refresh_target, None
-    if refused_code != "WORKER_OFFLINE" or refresh is None:
+    was signed for is gone (WORKER_OFFLINE at enter means exactly that)."""
+    if refused_code != "WORKER_OFFLINE":
         return None
-    fresh = await refresh()
+    fresh = await _looked_up_again(call)
     if fresh is None or fresh.incarnation_id == old.incarnation_id:
         return None
-    call.target = fresh
     return check_target(call, fresh)
 
 

@@ -224,7 +224,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         self.resolved = await self._resolve()
         return self.resolved.caller
 
-    async def _resolve(self) -> Resolved:
+    async def _resolve(self, *, fresh: bool = False) -> Resolved:
         parsed = self.parsed
 
         def key_hash(worker_id: str) -> str:
@@ -235,12 +235,13 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             worker_id=parsed.worker_id if parsed else None,
             request=parsed.body if parsed else None,
             key_hash=key_hash,
+            fresh=fresh,
         )
 
     async def refresh_target(self) -> Target | None:
-        """The call's worker looked up again (the service has just emptied the caller cache):
-        its new registration, after a restart this process had not seen yet."""
-        resolved = await self._resolve()
+        """The call's worker looked up again, past the caller cache: its registration as it is
+        now, after a restart this process had not seen yet."""
+        resolved = await self._resolve(fresh=True)
         same = self.resolved is not None and resolved.worker_id == self.resolved.worker_id
         return resolved.target if same else None
 

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -404,6 +404,35 @@ def test_a_call_signed_for_a_worker_that_restarted_since_enters_once_more_for_th
     [carried], _kwargs, _embed = json.loads(base64.b64decode(json.loads(message)["body"]))
     assert carried["incarnation"] == "inc2"
     assert call.draft.admission_outcome == "admitted"
+
+
+def test_a_worker_seen_offline_a_moment_ago_is_looked_up_again_before_the_call_is_refused(
+    rig: Rig,
+) -> None:
+    # This process's cache still says "not registered" (it looked while the worker was down);
+    # the worker is back: one fresh lookup, and the call runs.
+    fresh = _restart_worker(rig)
+    call = make_call(rig, request_id="restart-04")
+    assert call.target is not None
+    call.target = replace(call.target, incarnation_id="")
+    lookups: list[str] = []
+
+    async def refresh() -> Target | None:
+        lookups.append("lookup")
+        return fresh
+
+    call.refresh_target = refresh
+
+    async def scenario(queue: AsyncQueue) -> dict[str, Any]:
+        task = execute(rig, queue, call)
+        await until(lambda: call.dispatched or task.done())
+        granted = rig.sq.grant_of(worker_id=rig.worker_id, entry_id=call.entry_id)
+        assert granted is not None and granted["incarnation"] == "inc2"
+        assert rig.settle(call.entry_id, granted["ticket"], {"ok": True, "result": RESULT}, "inc2")
+        return await bounded(task)
+
+    assert run(rig, scenario) == RESULT
+    assert lookups == ["lookup"]
 
 
 @pytest.mark.parametrize("fresh_incarnation", [None, "inc1"])
