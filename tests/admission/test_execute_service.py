@@ -144,15 +144,20 @@ def make_call(
         queue_wait_header_ms=wait_ms,
         request_id=request_id,
         draft=draft,
-        target=Target(
-            worker_id=rig.worker_id,
-            incarnation_id="inc1",
-            token_hash=TOKEN_HASH,
-            workspace_registered=True,
-            operations=frozenset({"read_file", "execute_command"}),
-            linked_worktree_lanes=False,
-            quarantined=False,
-        ),
+        target=worker_target(rig, "inc1"),
+    )
+
+
+def worker_target(rig: Rig, incarnation: str) -> Target:
+    """The rig's worker as a lookup finds it, registered as `incarnation`."""
+    return Target(
+        worker_id=rig.worker_id,
+        incarnation_id=incarnation,
+        token_hash=TOKEN_HASH,
+        workspace_registered=True,
+        operations=frozenset({"read_file", "execute_command"}),
+        linked_worktree_lanes=False,
+        quarantined=False,
     )
 
 
@@ -363,15 +368,7 @@ def _restart_worker(rig: Rig) -> Target:
     rig.sq.register_incarnation(
         worker_id=rig.worker_id, incarnation="inc2", slots=1, ttl_ms=60_000, offer={"ws": OFFER}
     )
-    return Target(
-        worker_id=rig.worker_id,
-        incarnation_id="inc2",
-        token_hash=TOKEN_HASH,
-        workspace_registered=True,
-        operations=frozenset({"read_file", "execute_command"}),
-        linked_worktree_lanes=False,
-        quarantined=False,
-    )
+    return worker_target(rig, "inc2")
 
 
 def test_a_call_signed_for_a_worker_that_restarted_since_enters_once_more_for_the_new_one(
