@@ -95,8 +95,9 @@ class Call:
     entered: asyncio.Event = field(default_factory=asyncio.Event)
     entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     response_headers: dict[str, str] = field(default_factory=dict)
-    # Looks the worker up again, past every cache (the API edge's resolver): used once, when
-    # the queue refuses the call for an incarnation that is no longer registered.
+    # Looks the worker up again, past every cache (the API edge's resolver): used at most once,
+    # when this process's view says the worker is offline or the queue refuses the call for an
+    # incarnation that is no longer registered.
     refresh_target: Callable[[], Awaitable[Target | None]] | None = None
 
     @property

@@ -7,6 +7,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from config.middleware import FAST_PREFIX
+
 # Attributes every LogRecord has; anything else was passed through `extra=` and is a field.
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
 
@@ -45,4 +47,4 @@ class TypedApiAnswersFilter(logging.Filter):
         if record.exc_info:
             return True
         request = getattr(record, "request", None)
-        return not str(getattr(request, "path", "")).startswith("/v1/workspace-tools/")
+        return not str(getattr(request, "path", "")).startswith(FAST_PREFIX)

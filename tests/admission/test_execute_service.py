@@ -371,6 +371,17 @@ def _restart_worker(rig: Rig) -> Target:
     return worker_target(rig, "inc2")
 
 
+async def runs_on_inc2(rig: Rig, queue: AsyncQueue, call: Call) -> dict[str, Any]:
+    """The call, granted for incarnation inc2 and settled by it."""
+    task = execute(rig, queue, call)
+    await until(lambda: call.dispatched or task.done())
+    granted = rig.sq.grant_of(worker_id=rig.worker_id, entry_id=call.entry_id)
+    assert granted is not None and granted["incarnation"] == "inc2"
+    assert rig.settle(call.entry_id, granted["ticket"], {"ok": True, "result": RESULT}, "inc2")
+    result: dict[str, Any] = await bounded(task)
+    return result
+
+
 def test_a_call_signed_for_a_worker_that_restarted_since_enters_once_more_for_the_new_one(
     rig: Rig,
 ) -> None:
@@ -386,15 +397,7 @@ def test_a_call_signed_for_a_worker_that_restarted_since_enters_once_more_for_th
     call = make_call(rig, request_id="restart-02")
     call.refresh_target = refresh
 
-    async def scenario(queue: AsyncQueue) -> dict[str, Any]:
-        task = execute(rig, queue, call)
-        await until(lambda: call.dispatched or task.done())
-        granted = rig.sq.grant_of(worker_id=rig.worker_id, entry_id=call.entry_id)
-        assert granted is not None and granted["incarnation"] == "inc2"
-        assert rig.settle(call.entry_id, granted["ticket"], {"ok": True, "result": RESULT}, "inc2")
-        return await bounded(task)
-
-    assert run(rig, scenario) == RESULT
+    assert run(rig, lambda queue: runs_on_inc2(rig, queue, call)) == RESULT
     assert lookups == ["lookup"]
     # One message reached the worker: the one signed for the incarnation that runs it.
     [message] = rig.broker_messages()
@@ -420,15 +423,7 @@ def test_a_worker_seen_offline_a_moment_ago_is_looked_up_again_before_the_call_i
 
     call.refresh_target = refresh
 
-    async def scenario(queue: AsyncQueue) -> dict[str, Any]:
-        task = execute(rig, queue, call)
-        await until(lambda: call.dispatched or task.done())
-        granted = rig.sq.grant_of(worker_id=rig.worker_id, entry_id=call.entry_id)
-        assert granted is not None and granted["incarnation"] == "inc2"
-        assert rig.settle(call.entry_id, granted["ticket"], {"ok": True, "result": RESULT}, "inc2")
-        return await bounded(task)
-
-    assert run(rig, scenario) == RESULT
+    assert run(rig, lambda queue: runs_on_inc2(rig, queue, call)) == RESULT
     assert lookups == ["lookup"]
 
 
