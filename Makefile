@@ -33,11 +33,16 @@ $(STAMP): | $(PY)
 run: venv
 	$(PY) -m scripts.dev
 
-# The suite needs a real Postgres and Redis; these are the local default ports.
+# The suite needs a real Postgres and Redis; these are the local default ports. It runs in
+# TEST_PROCESSES pytest processes (pytest-xdist, one module per process at a time): the e2e
+# tests mostly wait on their servers, so three keep a 2-core machine busy without crowding it.
+# Each process has its own test database and Redis namespace (tests/conftest.py).
+# TEST_PROCESSES=0 runs the suite in this one process.
+TEST_PROCESSES ?= 3
 test: venv
 	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 
 # The unit tier: every test that starts no uvicorn and no runworker (docs/architecture.md).
 test-unit: venv
