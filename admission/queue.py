@@ -152,6 +152,17 @@ class Grant:
 
 
 @dataclass(frozen=True)
+class Handed:
+    """The next call a settlement granted on the settling worker and handed to it: its Celery
+    message, and its grant facts as `SyncQueue.grant_of` would read them (written by the
+    same script step, so the worker needs no second read)."""
+
+    message: str
+    entry_id: str
+    grant: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Entered:
     status: str  # granted | waiting | full | offline | refused
     ticket: int | None = None
@@ -645,11 +656,11 @@ class SyncQueue(_Scripts):
         payload: dict[str, Any],
         now_ms: int | None = None,
         take_next: bool = True,
-    ) -> tuple[bool, str | None]:
-        """Settle, and (take_next) receive the Celery message of the first call this
-        settlement granted instead of it being pushed onto the worker's queue: the settling
-        worker thread runs it next, so a same-worker handoff costs no broker hop. Returns
-        (accepted, message or None)."""
+    ) -> tuple[bool, Handed | None]:
+        """Settle, and (take_next) receive the Celery message and grant facts of the first
+        call this settlement granted instead of it being pushed onto the worker's queue: the
+        settling worker thread runs it next, so a same-worker handoff costs no broker hop and
+        no read of the grant. Returns (accepted, the handed call or None)."""
         k = self.keys(worker_id)
         raw = self.scripts["settle"](
             keys=[k.reg, k.queue, k.entries, k.stats, *self.dispatch_keys(worker_id)],
@@ -668,7 +679,16 @@ class SyncQueue(_Scripts):
         )
         accepted = _s(raw[0]) == "accepted"
         taken = _s(raw[1]) if accepted and len(raw) > 1 else ""
-        return accepted, taken or None
+        if not taken:
+            return accepted, None
+        facts = json.loads(_s(raw[2]))
+        grant = {
+            "ticket": int(facts["ticket"]),
+            "slot": int(facts["slot"]),
+            "incarnation": str(facts["incarnation"]),
+            "execDeadlineMs": int(facts["execDeadlineMs"]),
+        }
+        return accepted, Handed(taken, str(facts["entry"]), grant)
 
     def grant_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         """The grant facts of a running entry (ticket, slot, incarnation, exec deadline), which

@@ -35,7 +35,10 @@ local SEP = '\31'
 -- API process re-checks the key in Postgres before it pushes the envelope itself).
 -- take: the script's caller (a worker thread that just settled) runs the first granted
 -- envelope itself instead of it going through the Celery queue (D.taken, returned to it).
-local D = {reg = nil, q = nil, env = nil, broker = nil, ds = '', rv = '', take = false, taken = nil}
+local D = {
+  reg = nil, q = nil, env = nil, broker = nil, ds = '', rv = '', take = false, taken = nil,
+  taken_grant = nil,
+}
 
 local function setup(kreg, kq, kenv, kbroker, ds_prefix, revoked_prefix)
   D.reg, D.q, D.env, D.broker, D.ds = kreg, kq, kenv, kbroker, ds_prefix or ''
@@ -228,6 +231,10 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     if envelope then
       if D.take and D.taken == nil then
         D.taken = envelope
+        -- Its grant facts, as grant_of would read them back: the settler needs no second read.
+        D.taken_grant = cjson.encode({
+          entry = e.id, ticket = e.seq, slot = e.slot, incarnation = e.inc, execDeadlineMs = e.dl,
+        })
       else
         redis.call('LPUSH', D.broker, envelope)
       end

@@ -191,15 +191,21 @@ def test_a_settlement_taking_the_next_call_hands_its_envelope_to_the_settler_not
     )  # fmt: skip
     # b is granted and dispatched in the same step, to the settler only: the broker never
     # sees it (so no second consumer can take it), and its envelope is gone from Redis.
-    assert (accepted, handed) == (True, "envelope-b")
+    assert accepted and handed is not None
+    assert (handed.message, handed.entry_id) == ("envelope-b", "b")
     assert pushed(sync_redis) == ["envelope-a"]
     assert not sync_redis.hexists(k.env, "b")
-    assert sq.grant_of(worker_id=W, entry_id="b") == {
-        "ticket": first.ticket + 1,
-        "slot": 0,
-        "incarnation": "inc1",
-        "execDeadlineMs": T0 + 10 + 30_000,
-    }
+    # The facts handed along are those written to b's entry: the worker reads nothing more.
+    assert (
+        handed.grant
+        == sq.grant_of(worker_id=W, entry_id="b")
+        == {
+            "ticket": first.ticket + 1,
+            "slot": 0,
+            "incarnation": "inc1",
+            "execDeadlineMs": T0 + 10 + 30_000,
+        }
+    )
     # c still waits (one slot), and a second settlement of a hands nothing.
     assert sq.grant_of(worker_id=W, entry_id="c") is None
     assert sq.settle_taking_next(
@@ -228,9 +234,11 @@ def test_a_settlement_granting_two_calls_hands_one_and_pushes_the_other(
         worker_id=W, entry_id="a", incarnation="inc1", ticket=first.ticket, payload={"ok": True},
         now_ms=T0 + 1_100,
     )  # fmt: skip
-    assert (accepted, handed) == (True, "envelope-b")
+    assert accepted and handed is not None
+    assert (handed.message, handed.entry_id) == ("envelope-b", "b")
     assert pushed(sync_redis) == ["envelope-a", "envelope-x", "envelope-c"]
-    assert sq.grant_of(worker_id=W, entry_id="b") is not None
+    assert handed.grant == sq.grant_of(worker_id=W, entry_id="b")
+    assert handed.grant["slot"] == 0  # a's slot; x's (1) goes to c
     assert sq.grant_of(worker_id=W, entry_id="c") is not None
 
 

@@ -53,13 +53,16 @@ def assignment_run(assignment: dict[str, Any]) -> None:
     if st is None:
         log.error("assignment received outside a running worker; dropped")
         return
-    following: dict[str, Any] | None = assignment
+    following: tuple[dict[str, Any], dict[str, Any] | None] | None = (assignment, None)
     while following is not None:
-        following = _run_one(st, following)
+        following = _run_one(st, *following)
 
 
-def _run_one(st: worker_state.WorkerState, assignment: dict[str, Any]) -> dict[str, Any] | None:
-    """Run one assignment at most once; returns the next one its settlement handed over."""
+def _run_one(
+    st: worker_state.WorkerState, assignment: dict[str, Any], handed_grant: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+    """Run one assignment at most once; returns the next one its settlement handed over, with
+    that call's grant facts (`handed_grant`: the settle script's own, so not read again)."""
     if not verify(st.signing_key, "assignment", unsigned(assignment), assignment.get("sig")):
         # Not from the API: another broker client (e.g. another tenant's worker) forged it.
         st.count_drop("forged")
@@ -74,9 +77,10 @@ def _run_one(st: worker_state.WorkerState, assignment: dict[str, Any]) -> dict[s
         log.warning("assignment for another incarnation dropped", extra=fields)
         return None
     # The grant facts come from the call's entry, which only the granting script writes: the
-    # message that carried the assignment was prepared before the grant and names none.
+    # message that carried the assignment was prepared before the grant and names none. A call
+    # a settlement handed over comes with the facts that settlement wrote (no second read).
     try:
-        granted = st.queue.grant_of(
+        granted = handed_grant or st.queue.grant_of(
             worker_id=st.worker_id, entry_id=str(assignment["assignmentId"])
         )
     except RedisError:
@@ -122,13 +126,16 @@ def _run_one(st: worker_state.WorkerState, assignment: dict[str, Any]) -> dict[s
         return None
     if handed is None:
         return None
-    following = assignment_of_message(handed)
+    following = assignment_of_message(handed.message)
     if following is None:
         # Not a message the API builds, or past its expiry: dropped as Celery would drop it;
         # the call ends at its exec deadline.
         st.count_drop("expired")
         log.warning("handed-over assignment unreadable or expired; dropped", extra=fields)
-    return following
+        return None
+    # The facts are the handed entry's own (the same script step granted it and wrote them).
+    same = following.get("assignmentId") == handed.entry_id
+    return following, handed.grant if same else None
 
 
 def _execute(

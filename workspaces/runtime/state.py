@@ -34,7 +34,20 @@ class SettlementQueue(Protocol):
         payload: dict[str, Any],
         now_ms: int | None = None,
         take_next: bool = True,
-    ) -> tuple[bool, str | None]: ...
+    ) -> tuple[bool, HandedCall | None]: ...
+
+
+class HandedCall(Protocol):
+    """admission.queue.Handed: the next call's Celery message and its grant facts."""
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def entry_id(self) -> str: ...
+
+    @property
+    def grant(self) -> dict[str, Any]: ...
 
 
 @dataclass
