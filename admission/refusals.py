@@ -143,10 +143,12 @@ def key_revoked() -> Refusal:
 
 
 def service_overloaded(retry_after_s: int = 1) -> Refusal:
-    """This API process already carries as many calls as it may; another may not."""
+    """This API process, or this credential's share of it, already carries as many calls as
+    it may; another may not."""
     return Refusal(
         "SERVICE_OVERLOADED",
-        f"This API process is at its limit of calls in flight; {NOT_STARTED}. "
+        f"This API process is at its limit of calls in flight (for all callers, or for this "
+        f"key); {NOT_STARTED}. "
         "Retry after the hinted wait.",
         retry_after_s=retry_after_s,
     )

@@ -62,13 +62,31 @@ class SluiceAsgiHandler(ASGIHandler):
                 return
 
     async def _handle_api(self, scope: ASGIScope, receive: Any, send: Any) -> None:
+        """Counts the request in flight for the process and for its credential (the raw
+        Authorization header: known before anything is read or looked up). Past either cap it
+        is answered 503 SERVICE_OVERLOADED: one credential's burst fills only its own share."""
         global _in_flight
-        overloaded = _in_flight >= settings.SLUICE_MAX_CALLS_IN_FLIGHT
+        credential = _authorization(scope)
+        held = _in_flight_by_key.get(credential, 0)
+        if (
+            _in_flight >= settings.SLUICE_MAX_CALLS_IN_FLIGHT
+            or held >= settings.SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY
+        ):
+            # Refused, so not carried: it counts against neither cap while it is answered
+            # (a burst's refusals would otherwise fill the process's cap for everyone).
+            await self._api_request(scope, receive, send, overloaded=True)
+            return
         _in_flight += 1
+        _in_flight_by_key[credential] = held + 1
         try:
-            await self._api_request(scope, receive, send, overloaded=overloaded)
+            await self._api_request(scope, receive, send, overloaded=False)
         finally:
             _in_flight -= 1
+            left = _in_flight_by_key[credential] - 1
+            if left:
+                _in_flight_by_key[credential] = left
+            else:
+                del _in_flight_by_key[credential]
 
     async def _api_request(
         self, scope: ASGIScope, receive: Any, send: Any, *, overloaded: bool
@@ -158,6 +176,15 @@ class SluiceAsgiHandler(ASGIHandler):
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _in_flight = 0
+# Requests in flight per Authorization header; a credential's entry goes with its last one.
+_in_flight_by_key: dict[bytes, int] = {}
+
+
+def _authorization(scope: ASGIScope) -> bytes:
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            return bytes(value)
+    return b""
 
 
 async def _authenticated(authorization: bytes) -> bool:

@@ -18,7 +18,8 @@ from livesupport import PYTHON, Process, free_port
 import config.server
 
 HEADER_TIMEOUT_S = 1.0
-CAP = 3
+CAP = 4
+PER_KEY = 2
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,7 @@ def edge_server(live_env: dict[str, str]) -> Iterator[tuple[str, int]]:
     env = live_env | {
         "SLUICE_REQUEST_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "SLUICE_MAX_CALLS_IN_FLIGHT": str(CAP),
+        "SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY": str(PER_KEY),
     }
     proc = Process(
         [PYTHON, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
@@ -196,28 +198,63 @@ def test_a_connection_dribbling_its_headers_is_closed(edge_server: tuple[str, in
     assert time.monotonic() - started < HEADER_TIMEOUT_S + 5
 
 
+def _hold(server: tuple[str, int], key: str) -> socket.socket:
+    """An authenticated call whose body never ends: it stays in flight until closed."""
+    sock = _connect(server)
+    sock.sendall(_head(key, "Content-Length: 100\r\n") + b"{")
+    return sock
+
+
+def _answer(server: tuple[str, int], key: str) -> tuple[int, dict[str, str], dict[str, Any]]:
+    sock = _connect(server)
+    sock.sendall(_head(key, "Content-Length: 2\r\n") + b"{}")
+    try:
+        return _read_response(sock)
+    finally:
+        sock.close()
+
+
+def _overloaded_soon(server: tuple[str, int], key: str) -> tuple[int, dict[str, str], Any]:
+    """The held calls count once the server has read their headers: ask until it says so."""
+    deadline = time.monotonic() + 10
+    while True:
+        status, headers, body = _answer(server, key)
+        if status == 503 or time.monotonic() > deadline:
+            return status, headers, body
+
+
 def test_calls_past_the_in_flight_cap_get_service_overloaded(
     edge_server: tuple[str, int], account_factory: Any
 ) -> None:
-    owner = account_factory()
-    held = []
-    for _ in range(CAP):
-        # Authenticated calls whose bodies never end: each stays in flight.
-        sock = _connect(edge_server)
-        sock.sendall(_head(owner.api_key, "Content-Length: 100\r\n") + b"{")
-        held.append(sock)
-    deadline = time.monotonic() + 10
-    while True:
-        sock = _connect(edge_server)
-        sock.sendall(_head(owner.api_key, "Content-Length: 2\r\n") + b"{}")
-        status, headers, body = _read_response(sock)
-        sock.close()
-        if status == 503 or time.monotonic() > deadline:
-            break
+    # Two callers each fill their share, so together they fill the process.
+    first, second = account_factory(), account_factory()
+    held = [_hold(edge_server, first.api_key) for _ in range(PER_KEY)]
+    held += [_hold(edge_server, second.api_key) for _ in range(CAP - PER_KEY)]
+    status, headers, body = _overloaded_soon(edge_server, account_factory().api_key)
     assert (status, body["code"]) == (503, "SERVICE_OVERLOADED")
     assert headers["retry-after"] == "1"
     for sock in held:
         sock.close()
+
+
+def test_one_credentials_burst_fills_only_its_share_of_the_calls_in_flight(
+    edge_server: tuple[str, int], account_factory: Any
+) -> None:
+    burst, other = account_factory(), account_factory()
+    held = [_hold(edge_server, burst.api_key) for _ in range(PER_KEY)]
+    status, headers, body = _overloaded_soon(edge_server, burst.api_key)
+    assert (status, body["code"], headers["retry-after"]) == (503, "SERVICE_OVERLOADED", "1")
+    # The process still has room, and another caller gets it: its call is read and answered
+    # on its merits (a body of {} is not a request).
+    status, _, body = _answer(edge_server, other.api_key)
+    assert (status, body["code"]) == (400, "INVALID_WORKSPACE_TOOL_REQUEST")
+    for sock in held:
+        sock.close()
+    # Once the burst's calls are gone, its share is free again.
+    deadline = time.monotonic() + 10
+    while (status := _answer(edge_server, burst.api_key)[0]) == 503:
+        assert time.monotonic() < deadline, "the share stayed full after its calls ended"
+    assert status == 400
 
 
 def test_the_default_header_deadline_is_10_s() -> None:
