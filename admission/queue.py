@@ -323,7 +323,11 @@ class AsyncQueue(_Scripts):
                 if left <= 0:
                     return None
                 try:
-                    await asyncio.wait_for(woken.wait(), min(left, SAFETY_LOOK_S))
+                    # asyncio.timeout, never wait_for: on Python 3.11 wait_for returns the
+                    # result when the waiter is cancelled in the instant it is woken, and the
+                    # cancel (a client gone away) is lost (tests/admission/test_cancel_race.py).
+                    async with asyncio.timeout(min(left, SAFETY_LOOK_S)):
+                        await woken.wait()
                 except TimeoutError:
                     continue
 

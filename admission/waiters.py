@@ -193,7 +193,9 @@ class WakeReader:
             try:
                 # Bounded: a subscriber that is reconnecting (or whose connection died without
                 # a word) must not hold a waiter; the waiter then looks for itself.
-                await asyncio.wait_for(subscriber.send("SSUBSCRIBE", channel), SAFETY_LOOK_S)
+                # (asyncio.timeout, not wait_for, which can swallow a cancel: queue.wait.)
+                async with asyncio.timeout(SAFETY_LOOK_S):
+                    await subscriber.send("SSUBSCRIBE", channel)
             except Exception:
                 # The subscriber reconnects and resubscribes every wanted channel; until then
                 # the waiter relies on its periodic look.
@@ -205,7 +207,8 @@ class WakeReader:
         if confirmed is None:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(confirmed), SAFETY_LOOK_S)
+            async with asyncio.timeout(SAFETY_LOOK_S):
+                await asyncio.shield(confirmed)
 
     def _drop(self, channel: str) -> None:
         ch = self.channels.get(channel)
