@@ -128,9 +128,7 @@ class SluiceAsgiHandler(ASGIHandler):
             if not view.done():
                 # The client went away: the view is cancelled (and takes its queue place along).
                 gone.exception()  # RequestAborted, the expected end of that task: retrieved
-                view.cancel()
-                with contextlib.suppress(asyncio.CancelledError, RequestAborted):
-                    await view
+                await _cancelled(view)
                 return
             gone.cancel()
             response = view.result()
@@ -219,6 +217,23 @@ def _closing(send: Any) -> Any:
         await send(message)
 
     return closing_send
+
+
+# How long a cancelled view may run on before it is cancelled again.
+RECANCEL_S = 0.05
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    """Cancel the task and see it end. One cancel can be lost inside a library: on Python
+    3.11 `asyncio.wait_for` returns the awaited result when the cancel and the result land in
+    the same step of the loop, and redis-py sends every command through it (a call whose
+    client had gone ran anyway and answered 200). So the cancel is repeated until the task
+    has ended; a task already cleaning up after the first one keeps its shielded steps."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=RECANCEL_S)
+    if not task.cancelled():
+        task.exception()  # retrieved: a view that ended otherwise has nobody to answer
 
 
 async def _until_disconnect(receive: Any) -> None:
