@@ -47,6 +47,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
+from soak.agents import dechunk
+
 EXECUTE = "/v1/workspace-tools/execute"
 QUEUE_LIMIT = 32
 # The wait each burst call allows itself (X-LibreChat-Workspace-Queue-Wait-Ms).
@@ -158,24 +160,13 @@ async def raw_timed(url: str, headers: dict[str, str], body: Any) -> tuple[int, 
     if status != 200:
         head_lines, _, payload = rest.partition(b"\r\n\r\n")
         if b"transfer-encoding: chunked" in head_lines.lower():
-            payload = _dechunked(payload)
+            payload = dechunk(payload)
         try:
             parsed = json.loads(payload)
             code = str(parsed.get("code") or parsed.get("error") or "")
         except ValueError:
             code = "non-json"
     return status, code, elapsed
-
-
-def _dechunked(data: bytes) -> bytes:
-    out = b""
-    while data:
-        size_line, _, data = data.partition(b"\r\n")
-        size = int(size_line.split(b";")[0] or b"0", 16)
-        if size == 0:
-            break
-        out, data = out + data[:size], data[size + 2 :]
-    return out
 
 
 async def neighbour_calls(
