@@ -163,8 +163,19 @@ def test_a_push_during_a_reader_reconnect_still_wakes_its_waiter(
         channel = q.keys(W).wake_prefix
         await _until(lambda: "b" in q.waiters.channels.get(channel, _Empty).waiters)
         # Cut the subscriber, then push while it is away: the announcement is lost, the
-        # resubscription wakes the waiter to look at its list.
-        ours = [c["id"] for c in sync_redis.client_list() if c.get("name") == f"{name}:wake"]
+        # resubscription wakes the waiter to look at its list. (The waiter is registered
+        # before the subscriber has connected and subscribed: on a loaded machine, later.)
+
+        def subscribed() -> list[str]:
+            return [
+                c["id"]
+                for c in sync_redis.client_list()
+                if c.get("name") == f"{name}:wake"
+                and int(c.get("sub", 0) or 0) + int(c.get("ssub", 0) or 0) > 0
+            ]
+
+        await _until(lambda: len(subscribed()) > 0)
+        ours = subscribed()
         assert len(ours) == 1
         sync_redis.client_kill_filter(_id=ours[0])
         await q.leave(worker_id=W, entry_id="b", slot_ceiling=1, message={"t": "cancelled"})
