@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ async def _wait_for_grant(
 ) -> Grant:
     """Block on this call's wake list until granted, refused, or the queue deadline passes."""
     while True:
-        left_ms = int((deadline - clock.monotonic()) * 1000)
+        # Rounded up: a call is never told its allowance ran out while a fraction of a
+        # millisecond of it is left.
+        left_ms = math.ceil((deadline - clock.monotonic()) * 1000)
         if left_ms <= 0:
             break
         message = await queue.wait(
@@ -464,7 +467,8 @@ async def _admitted_call(
         request=call.request, job_timeout_ms=policy.job_timeout_ms
     )
     expires = datetime.fromtimestamp(clock.now() + (queue_ms + exec_ms) / 1000, tz=UTC)
-    left_ms = int((queue_deadline - clock.monotonic()) * 1000)
+    # Rounded up, so the entry's deadline in Redis is never before the allowance's end.
+    left_ms = math.ceil((queue_deadline - clock.monotonic()) * 1000)
     if left_ms < -LATE_ENTRY_MS:
         # Its allowance ran out more than a second ago, before it reached its queue (a process
         # swamped by a burst): granting it now would be a wait past allowance + 1 s (§2.8).

@@ -286,6 +286,38 @@ def test_a_queue_budget_that_runs_out_without_a_grant_is_a_timeout_that_never_st
     assert not rig.broker_messages()
 
 
+def test_a_queue_timeout_is_never_answered_before_the_allowance_has_run_out(rig: Rig) -> None:
+    """Half a millisecond before its 1 s allowance is up, the call still waits (its left time
+    was once truncated to whole ms: 0, so it answered WORKSPACE_QUEUE_TIMEOUT with a queue
+    wait of 999 ms, found by a contention test as 1,499 ms against 1,500)."""
+    call = make_call(rig, wait_ms=1_000, request_id="race-timeout-02")
+    when_waiting(rig, call, lambda: rig.clock.advance(0.9995))
+    reads_after = 0
+
+    async def scenario(queue: AsyncQueue) -> tuple[bool, refusals.Refusal]:
+        nonlocal reads_after
+        await hold_the_slot(rig, queue)
+        task = execute(rig, queue, call)
+        await until(lambda: rig.clock.elapsed_s >= 0.9995 or task.done())
+
+        def count() -> None:
+            nonlocal reads_after
+            reads_after += 1
+
+        rig.clock.on_read = count
+        # The service looks at the clock each time round its wait: after a few looks it has
+        # had every chance to give up early.
+        await until(lambda: reads_after >= 5 or task.done())
+        early = task.done()
+        rig.clock.advance(0.001)
+        return early, await refused(task)
+
+    early, refusal = run(rig, scenario)
+    assert not early
+    assert refusal.code == "WORKSPACE_QUEUE_TIMEOUT"
+    assert rig.clock.elapsed_s >= 1.0  # answered once the allowance was up, not before
+
+
 # ---------------------------------------------------------------------------------------
 # The exec budget starts at admission
 
