@@ -154,12 +154,13 @@ class Grant:
 @dataclass(frozen=True)
 class Handed:
     """The next call a settlement granted on the settling worker and handed to it: its Celery
-    message, and its grant facts as `SyncQueue.grant_of` would read them (written by the
-    same script step, so the worker needs no second read)."""
+    message, and its grant facts as `SyncQueue.grant_of` reads them, taken from the entry the
+    same script step saved (so the worker needs no second read)."""
 
     message: str
     entry_id: str
-    grant: dict[str, Any]
+    # None only if the entry does not run (never, for one the step granted): then read it.
+    grant: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,18 @@ def _now(now_ms: int | None) -> str:
 
 def decode_entry(raw: Any) -> dict[str, Any]:
     return dict(json.loads(raw))
+
+
+def _running_grant(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """A running entry's grant facts, as the worker uses them; None unless it runs."""
+    if entry.get("st") != "r":
+        return None
+    return {
+        "ticket": int(entry["seq"]),
+        "slot": int(entry["slot"]),
+        "incarnation": str(entry["inc"]),
+        "execDeadlineMs": int(entry["dl"]),
+    }
 
 
 class _Scripts:
@@ -685,30 +698,14 @@ class SyncQueue(_Scripts):
         taken = _s(raw[1]) if accepted and len(raw) > 1 else ""
         if not taken:
             return accepted, None
-        facts = json.loads(_s(raw[2]))
-        grant = {
-            "ticket": int(facts["ticket"]),
-            "slot": int(facts["slot"]),
-            "incarnation": str(facts["incarnation"]),
-            "execDeadlineMs": int(facts["execDeadlineMs"]),
-        }
-        return accepted, Handed(taken, str(facts["entry"]), grant)
+        entry = decode_entry(_s(raw[2]))
+        return accepted, Handed(taken, str(entry["id"]), _running_grant(entry))
 
     def grant_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         """The grant facts of a running entry (ticket, slot, incarnation, exec deadline), which
         the worker takes from here rather than from the message that carried the assignment."""
         raw = self.client.hget(self.keys(worker_id).entries, entry_id)
-        if raw is None:
-            return None
-        entry = decode_entry(raw)
-        if entry.get("st") != "r":
-            return None
-        return {
-            "ticket": int(entry["seq"]),
-            "slot": int(entry["slot"]),
-            "incarnation": str(entry["inc"]),
-            "execDeadlineMs": int(entry["dl"]),
-        }
+        return None if raw is None else _running_grant(decode_entry(raw))
 
     def snapshot(
         self, worker_id: str

@@ -37,7 +37,7 @@ local SEP = '\31'
 -- envelope itself instead of it going through the Celery queue (D.taken, returned to it).
 local D = {
   reg = nil, q = nil, env = nil, broker = nil, ds = '', rv = '', take = false, taken = nil,
-  taken_grant = nil,
+  taken_entry = nil,
 }
 
 local function setup(kreg, kq, kenv, kbroker, ds_prefix, revoked_prefix)
@@ -231,10 +231,8 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     if envelope then
       if D.take and D.taken == nil then
         D.taken = envelope
-        -- Its grant facts, as grant_of would read them back: the settler needs no second read.
-        D.taken_grant = cjson.encode({
-          entry = e.id, ticket = e.seq, slot = e.slot, incarnation = e.inc, execDeadlineMs = e.dl,
-        })
+        -- And its entry as saved below: the settler reads its grant from it, not back from Redis.
+        D.taken_entry = e
       else
         redis.call('LPUSH', D.broker, envelope)
       end

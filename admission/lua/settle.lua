@@ -10,10 +10,10 @@
 --       7 stats ttl ms, 8 status key prefix, 9 revoked-key marker prefix ('' = unchecked; the
 --       worker's Redis user may read the markers, admission/credentials.py), 10 '1' when the
 --       settling worker thread takes the next granted call itself (optional)
--- Returns: {'accepted', envelope or '', its grant facts (JSON) or ''} | {'discarded'}
+-- Returns: {'accepted', envelope or '', its entry (JSON) or ''} | {'discarded'}
 -- The handed envelope is the Celery message the grant would have pushed onto the worker's
--- queue: taken here, it is dispatched exactly as if the worker had popped it. Its grant facts
--- (ticket, slot, incarnation, exec deadline) are those this very step wrote to its entry.
+-- queue: taken here, it is dispatched exactly as if the worker had popped it. Its entry is the
+-- one this very step granted and saved (ticket, slot, incarnation, exec deadline).
 -- Clock: ARGV[1] when given (tests), else Redis TIME (never the worker's own clock).
 local kreg, kq, ke, kstats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 setup(kreg, kq, KEYS[5], KEYS[6], ARGV[8], ARGV[9])
@@ -32,4 +32,4 @@ set_status(x, 'settled', {payload = ARGV[5], te = now}, now)
 local entries = load_entries(kq, ke, now, ARGV[6])
 grant(entries, now, slot_count(kreg, ''), ke, ARGV[6], '')
 refresh_ttl(kq, ke, entries, now)
-return {'accepted', D.taken or '', D.taken_grant or ''}
+return {'accepted', D.taken or '', D.taken_entry and cjson.encode(D.taken_entry) or ''}

@@ -238,7 +238,7 @@ def test_a_settlement_granting_two_calls_hands_one_and_pushes_the_other(
     assert (handed.message, handed.entry_id) == ("envelope-b", "b")
     assert pushed(sync_redis) == ["envelope-a", "envelope-x", "envelope-c"]
     assert handed.grant == sq.grant_of(worker_id=W, entry_id="b")
-    assert handed.grant["slot"] == 0  # a's slot; x's (1) goes to c
+    assert handed.grant is not None and handed.grant["slot"] == 0  # a's slot; x's (1) to c
     assert sq.grant_of(worker_id=W, entry_id="c") is not None
 
 
