@@ -18,26 +18,43 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_PACKAGES = ("admission", "api", "config", "dashboard", "workspaces", "protocol", "client")
 
 
-def test_a_bounded_wait_cancelled_as_it_is_woken_stays_cancelled() -> None:
-    """The pattern admission uses for every bounded wait (queue.wait, the wake-up reader)."""
+def test_a_waiter_cancelled_as_it_is_woken_stays_cancelled(redis_prefix: str) -> None:
+    """`AsyncQueue.wait`, the wait of every queued call, on real Redis: its wake-up event is
+    set and its task cancelled in one step of the loop (the event's task runs first)."""
+    import redis.asyncio as aioredis
+    from django.conf import settings
 
-    async def bounded(event: asyncio.Event) -> bool:
-        async with asyncio.timeout(5):
-            return await event.wait()
+    from admission.queue import AsyncQueue
 
     async def race() -> str:
-        event = asyncio.Event()
-        task = asyncio.create_task(bounded(event))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        # Woken and cancelled in one step of the loop: the wake-up's task runs first.
-        event.set()
-        task.cancel()
+        client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
+        queue = AsyncQueue(client, redis_prefix)
         try:
-            await task
-        except asyncio.CancelledError:
-            return "cancelled"
-        return "returned"
+            task = asyncio.create_task(
+                queue.wait(worker_id="w1", entry_id="gone", timeout_ms=2_000)
+            )
+            channel = queue.keys("w1").wake_prefix
+            # Until the waiter is blocked on its event (past its look at the list): asyncio's
+            # Event keeps the futures of those waiting on it.
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                ch = queue.waiters.channels.get(channel)
+                events = list(ch.waiters.get("gone", ())) if ch else []
+                if events and events[0]._waiters:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, "the waiter never waited"
+                await asyncio.sleep(0.005)
+            events[0].set()
+            task.cancel()
+            try:
+                answer = await task
+            except asyncio.CancelledError:
+                return "cancelled"
+            # With asyncio.wait_for the cancel was lost: the wait went on to its timeout.
+            return f"went on and returned {answer!r}"
+        finally:
+            await queue.waiters.close()
+            await client.aclose()
 
     assert asyncio.run(race()) == "cancelled"
 
