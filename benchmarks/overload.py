@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
-from soak.agents import dechunk
+from soak.agents import Agent
 
 EXECUTE = "/v1/workspace-tools/execute"
 QUEUE_LIMIT = 32
@@ -132,37 +132,19 @@ async def timed(
 
 
 async def raw_timed(url: str, headers: dict[str, str], body: Any) -> tuple[int, str, float]:
-    """One POST on a connection of its own, with a minimal HTTP/1.1 client: the burst's own
-    CPU (httpx spends ~15 ms of it per call here) must not stand in for the server's latency
-    on a 2-core machine that runs both."""
-    host, port = url.removeprefix("http://").split(":")
-    payload = json.dumps(body).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    request = (
-        f"POST {EXECUTE} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n{head}\r\n"
-    ).encode() + payload
+    """One POST on a connection of its own, through the soak's minimal HTTP/1.1 client: the
+    burst's own CPU (httpx spends ~15 ms of it per call here) must not stand in for the
+    server's latency on a 2-core machine that runs both."""
     started = time.perf_counter()
     try:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        writer.write(request)
-        answer = await reader.read()
-        writer.close()
+        status, _, text = await Agent.call_and_give_up(url, headers, body, after_s=120)
     except OSError as exc:
         return 0, type(exc).__name__, (time.perf_counter() - started) * 1000
     elapsed = (time.perf_counter() - started) * 1000
-    status_line, _, rest = answer.partition(b"\r\n")
-    try:
-        status = int(status_line.split()[1])
-    except (IndexError, ValueError):
-        return 0, "bad-answer", elapsed
-    code = ""
-    if status != 200:
-        head_lines, _, payload = rest.partition(b"\r\n\r\n")
-        if b"transfer-encoding: chunked" in head_lines.lower():
-            payload = dechunk(payload)
+    code = "" if status else "no-answer"
+    if status not in (0, 200):
         try:
-            parsed = json.loads(payload)
+            parsed = json.loads(text)
             code = str(parsed.get("code") or parsed.get("error") or "")
         except ValueError:
             code = "non-json"
