@@ -154,7 +154,7 @@ class SluiceAsgiHandler(ASGIHandler):
             declared = -1
         if declared > limit:
             return io.BytesIO(), False  # the view answers 413 from the header
-        if not await _authenticated(headers.get(b"authorization", b"")):
+        if not await _authenticated(_authorization(scope)):
             return io.BytesIO(), False  # the view answers 401
         body = io.BytesIO()
         while True:
