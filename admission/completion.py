@@ -318,30 +318,39 @@ def expected_outage(exc: BaseException) -> bool:
 
 
 async def completion_emit(draft: CompletionDraft, client: Any) -> None:
-    data = draft.row()
-    log.info(
-        "Workspace tool request completed", extra={k: v for k, v in data.items() if k != "started"}
-    )
+    await completion_emit_many([draft], client)
+
+
+async def completion_emit_many(drafts: list[CompletionDraft], client: Any) -> None:
+    """Calls' rows, with their metrics, in one round trip to the stream (a burst's rows go
+    together); if the stream is away, straight to Postgres."""
+    rows = [draft.row() for draft in drafts]
+    for data in rows:
+        log.info(
+            "Workspace tool request completed",
+            extra={k: v for k, v in data.items() if k != "started"},
+        )
     carried = _unrecorded.take()
     try:
-        # One round trip: the row and its metrics. Not a transaction: if the metrics part
-        # failed after the XADD, the fallback below writes the row once more, and its unique
-        # uid keeps that from becoming a second row.
+        # Not a transaction: if the metrics part failed after the XADDs, the fallback below
+        # writes the rows once more, and their unique uids keep that from making second rows.
         pipe = client.pipeline(transaction=False)
-        pipe.xadd(stream_key(), _encode(data), maxlen=STREAM_MAX_ROWS, approximate=True)
-        metrics_record(pipe, data)
+        for data in rows:
+            pipe.xadd(stream_key(), _encode(data), maxlen=STREAM_MAX_ROWS, approximate=True)
+            metrics_record(pipe, data)
         for name, amount in carried.items():
             pipe.hincrby(metrics_key(), name, amount)
         await pipe.execute()
     except Exception as exc:
         _unrecorded.give_back(carried)
-        metrics_record(_unrecorded, data)
+        for data in rows:
+            metrics_record(_unrecorded, data)
         log.warning(
-            "completion stream unavailable; writing the row to Postgres directly",
+            "completion stream unavailable; writing the rows to Postgres directly",
             exc_info=not expected_outage(exc),
-            extra={"error": str(exc)},
+            extra={"error": str(exc), "rows": len(rows)},
         )
-        await in_db_thread(completion_write, rows=[data])
+        await in_db_thread(completion_write, rows=rows)
 
 
 def completion_write(rows: list[dict[str, Any]]) -> None:

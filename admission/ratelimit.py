@@ -83,6 +83,7 @@ class RateDecision:
     remaining: int  # units that would still pass right now; 0 when refused
     reset_s: int  # whole seconds until the bucket is full again, rounded up
     retry_after_s: int  # whole seconds (>= 1) until this request would pass; 0 when allowed
+    retry_after_ms: int = 0  # the same in whole ms, rounded up; 0 when allowed
 
     def headers(self, policy: RatePolicy) -> dict[str, str]:
         """Response headers: the classic trio, the IETF draft fields, Retry-After on refusal."""
@@ -160,11 +161,12 @@ class RateLimiter:
             keys=[ratelimit_key(self._prefix, principal_key)],
             args=[policy.limit, policy.window_ms, cost, now_ms or 0],
         )
-        allowed, remaining, reset_s, retry_after_s = (int(value) for value in raw)
+        allowed, remaining, reset_s, retry_after_s, retry_after_ms = (int(value) for value in raw)
         return RateDecision(
             allowed=allowed == 1,
             limit=policy.limit,
             remaining=remaining,
             reset_s=reset_s,
             retry_after_s=retry_after_s,
+            retry_after_ms=retry_after_ms,
         )

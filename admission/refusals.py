@@ -24,6 +24,9 @@ class Refusal(Exception):
     headers: dict[str, str] = field(default_factory=dict)
     # A body the protocol shapes differently from {"error", "code"} (the rate limit's).
     body: dict[str, Any] | None = None
+    # Until then (time.monotonic()) the same call from the same caller would get this same
+    # answer, word for word: an API process may give it from memory (api/burst.py).
+    holds_until: float | None = None
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -91,12 +94,13 @@ def request_id_taken() -> Refusal:
     )
 
 
-def queue_full(worker_id: str, held: int) -> Refusal:
+def queue_full(worker_id: str, held: int, *, holds_until: float | None = None) -> Refusal:
     return Refusal(
         "WORKER_QUEUE_FULL",
         f"Worker {worker_id} already holds {held} calls; {NOT_STARTED}. "
         "Slow down or use another worker.",
         admission_outcome="queue_full",
+        holds_until=holds_until,
     )
 
 
@@ -128,9 +132,16 @@ def shutting_down(*, waited: bool = False) -> Refusal:
     )
 
 
-def rate_limited(*, message: str, headers: dict[str, str], body: dict[str, Any]) -> Refusal:
+def rate_limited(
+    *, message: str, headers: dict[str, str], body: dict[str, Any], holds_until: float | None
+) -> Refusal:
     return Refusal(
-        "RATE_LIMITED", message, admission_outcome="rate_limited", headers=headers, body=body
+        "RATE_LIMITED",
+        message,
+        admission_outcome="rate_limited",
+        headers=headers,
+        body=body,
+        holds_until=holds_until,
     )
 
 

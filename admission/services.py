@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from redis.exceptions import RedisError
 from sluice_protocol import (
     MUTATING_OPERATIONS,
@@ -100,6 +101,11 @@ class Call:
     # when this process's view says the worker is offline or the queue refuses the call for an
     # incarnation that is no longer registered.
     refresh_target: Callable[[], Awaitable[Target | None]] | None = None
+    # Called once the call is in its worker's queue (granted or waiting): its caller's next
+    # call may then go through admission (api/burst.py's gate).
+    on_entered: Callable[[], None] | None = None
+    # The policy its admission was decided under, once read.
+    policy: Policy | None = None
 
     @property
     def operation(self) -> str:
@@ -144,9 +150,10 @@ def isolation_key_hash(worker_id: str, request: dict[str, Any]) -> str:
     return keyed_hash("isolation", f"{worker_id}\x1f{base}\x1f{lane}")
 
 
-async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter) -> None:
+async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter, clock: Clock) -> None:
     if not policy.rate_limit_enabled:
         return
+    asked = clock.monotonic()
     decision: RateDecision = await limiter.take(
         principal_key=call.caller.scope, policy=policy.rate, cost=policy.weight(call.operation)
     )
@@ -156,7 +163,18 @@ async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter) -> None:
             message=str(decision.body()["message"]),
             headers=decision.headers(policy.rate),
             body=decision.body(),
+            holds_until=rate_refusal_holds_until(asked, decision),
         )
+
+
+def rate_refusal_holds_until(asked: float, decision: RateDecision) -> float:
+    """Until when the same call is refused in the same words: the bucket cannot let it pass
+    before `retry_after_ms` (counted from before the script was sent, so never later than
+    Redis's own moment), and the answer names whole seconds, which stay the same until the
+    next one ticks over. So at most a second, and then the next call asks Redis again (an
+    operator's new limit is seen as soon as by a policy read)."""
+    ticks_ms = decision.retry_after_ms - (decision.retry_after_s - 1) * 1000
+    return asked + max(0, min(decision.retry_after_ms, ticks_ms)) / 1000
 
 
 async def _wait_for_grant(
@@ -362,6 +380,14 @@ def workspace_offer_tokens(
     )
 
 
+def call_budgets(request: dict[str, Any], header_ms: int, policy: Policy) -> tuple[int, int]:
+    """(queue budget, exec budget) in ms: what the call may wait, and then run."""
+    return (
+        deadlines.queue_budget_ms(header_ms=header_ms, ceiling_ms=policy.queue_ceiling_ms),
+        deadlines.exec_budget_ms(request=request, job_timeout_ms=policy.job_timeout_ms),
+    )
+
+
 def _key(call: Call) -> bytes:
     assert call.target is not None  # checked before admission
     return signing_key(call.target.token_hash)
@@ -377,18 +403,15 @@ async def call_execute(
     base, _lane = isolation_key(call.request)
     draft.describe(isolation_key_hash=isolation_key_hash(call.worker_id, call.request))
     try:
-        policy = await apolicy_for(worker_id=call.worker_id, tenant_id=call.caller.tenant_id)
-        queue_ms = deadlines.queue_budget_ms(
-            header_ms=call.queue_wait_header_ms, ceiling_ms=policy.queue_ceiling_ms
+        policy = call.policy = await apolicy_for(
+            worker_id=call.worker_id, tenant_id=call.caller.tenant_id
         )
-        exec_ms = deadlines.exec_budget_ms(
-            request=call.request, job_timeout_ms=policy.job_timeout_ms
-        )
+        queue_ms, exec_ms = call_budgets(call.request, call.queue_wait_header_ms, policy)
         draft.describe(
             deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
         )
         queue_deadline = draft.started_monotonic + queue_ms / 1000
-        await _rate_limit(call, policy, limiter)
+        await _rate_limit(call, policy, limiter, clock)
         if call.target is not None and not call.target.incarnation_id:
             # Offline as this process last saw it: a worker that registered again within the
             # cache's second is looked up once more before the call is refused.
@@ -492,6 +515,7 @@ async def _admitted_call(
         broker_key, envelope = assignment_message(assignment, expires=expires)
         # From here until the queue answers, the call may be in it (and granted, so dispatched).
         call.maybe_queued = True
+        asked = clock.monotonic()
         entered = await queue.enter(
             worker_id=call.worker_id,
             entry_id=call.entry_id,
@@ -530,7 +554,15 @@ async def _admitted_call(
         await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
         target = fresh
     if entered.status == "full":
-        raise refusals.queue_full(call.worker_id, entered.held)
+        # Taken as full for a moment (api/burst.py answers the caller's next calls to this
+        # worker from memory meanwhile): a burst costs one queue script per moment, not one
+        # per call. A place that frees within it goes to a call of another caller, or to this
+        # caller's first call after it.
+        raise refusals.queue_full(
+            call.worker_id,
+            entered.held,
+            holds_until=asked + settings.SLUICE_FULL_QUEUE_HOLD_MS / 1000,
+        )
     if entered.status == "offline":
         raise refusals.worker_offline(call.worker_id)
     if entered.status == "refused":
@@ -543,6 +575,8 @@ async def _admitted_call(
     assert entered.ticket is not None  # granted or waiting: the script gave it one
     draft.entered(entered.ticket)
     call.entered.set()
+    if call.on_entered is not None:
+        call.on_entered()
     waited = entered.grant is None
     if entered.grant is not None and entered.grant.dispatched:
         # From the grant on, the assignment may have reached the worker.

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import io
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +40,9 @@ from sluice_protocol import (
 
 from admission import refusals, shutdown
 from admission.callers import cached_resolve
-from admission.completion import CompletionDraft, completion_emit
+from admission.completion import CompletionDraft, completion_emit_many
 from admission.connections import async_queue
-from admission.policy import acurrent_policy
+from admission.policy import Policy, acurrent_policy
 from admission.queue import AsyncQueue
 from admission.ratelimit import RateLimiter
 from admission.refusals import Refusal
@@ -72,6 +74,8 @@ log = logging.getLogger("sluice.admission")
 # A row whose response was never closed is written after this long.
 EMIT_FALLBACK_S = 1.0
 _pending: set[_Emission] = set()
+# Rows emitted in this turn of the event loop, not yet sent.
+_batch: list[CompletionDraft] = []
 _background: set[asyncio.Task[Any]] = set()
 # On a refusal, the body is looked at for the row's workspace and operation only up to this size.
 _FILL_BODY_MAX_BYTES = 64 * 1024
@@ -79,11 +83,32 @@ _WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # the contr
 _PARSER = JSONParser()
 
 
+@dataclass(frozen=True)
+class Holding:
+    """A refusal that holds (Refusal.holds_until): the same call from the same caller gets the
+    same answer until `until`, so the edge may give it from memory (api/burst.py). `row` is
+    this call's completion row, `policy` what its budgets were decided under."""
+
+    until: float
+    code: str
+    row: dict[str, Any]
+    policy: Policy
+
+
+# The edge's (wall, monotonic) time of a request's arrival, in its META.
+ARRIVED = "sluice.arrived"
+# Called once the call is in its worker's queue: set by the edge for the view it starts.
+ON_ENTERED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "sluice_on_entered", default=None
+)
+
+
 class CompletionResponse(Response):
     """A response that writes its call's completion row once the server has sent and closed
     it, so the row's round trip to Redis never holds the answer up."""
 
     emission: _Emission | None = None
+    holds: Holding | None = None
 
     def close(self) -> None:
         try:
@@ -111,7 +136,7 @@ def _declared_too_large(request: HttpRequest) -> bool:
         return False
 
 
-def _parse(request: Request, draft: CompletionDraft) -> Parsed:
+def parse_call(request: HttpRequest, draft: CompletionDraft) -> Parsed:
     """Headers and body, validated before anything is queued (DRF's JSON parser reads it)."""
     try:
         raw_worker = request.headers.get("X-LibreChat-Code-Worker-ID")
@@ -133,13 +158,13 @@ def _parse(request: Request, draft: CompletionDraft) -> Parsed:
     return Parsed(body, worker_id, queue_wait_ms, request_id)
 
 
-def _json_body(request: Request) -> Any:
+def _json_body(request: HttpRequest) -> Any:
     if request.content_type.split(";")[0].strip() != "application/json":
         raise Refusal("UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
     try:
         # Django enforces DATA_UPLOAD_MAX_MEMORY_SIZE here, for a chunked body too (DRF's own
         # stream would take a body without Content-Length for an empty one).
-        raw = request._request.body
+        raw = request.body
     except RequestDataTooBig:
         raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.") from None
     try:
@@ -207,6 +232,11 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         self.call: Call | None = None
 
     async def prepare(self, request: Request) -> None:
+        arrived = request._request.META.get(ARRIVED)
+        if arrived is not None:
+            # Its life, and its queue allowance, count from its arrival at the edge, before a
+            # turn at its credential's gate (api/burst.py).
+            self.draft.started, self.draft.started_monotonic = arrived
         if request.method != "POST":
             raise method_not_allowed("POST")
         if shutdown.stopping():
@@ -214,7 +244,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         if _declared_too_large(request._request):
             raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.")
         try:
-            self.parsed = _parse(request, self.draft)
+            self.parsed = parse_call(request._request, self.draft)
         except Refusal as refusal:
             self.invalid = refusal
 
@@ -282,6 +312,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             draft=self.draft,
             target=self.resolved.target,
             refresh_target=self.refresh_target,
+            on_entered=ON_ENTERED.get(),
         )
         result = await call_execute(
             self.call,
@@ -312,7 +343,15 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         _fill_known(self.request._request, self.draft)
         status = status_of(refusal)
         self.draft.answered(status, refusal)
-        return self._answer(refusal_body(refusal), status, refusal_headers(refusal))
+        response = self._answer(refusal_body(refusal), status, refusal_headers(refusal))
+        if refusal.holds_until is not None and self.call and self.call.policy is not None:
+            response.holds = Holding(
+                until=refusal.holds_until,
+                code=refusal.code,
+                row=self.draft.row(),
+                policy=self.call.policy,
+            )
+        return response
 
     def _answer(self, data: Any, status: int, headers: dict[str, str]) -> Response:
         # A call that passed the rate limit carries its budget headers whatever its answer.
@@ -361,13 +400,30 @@ async def emissions_flush(timeout_s: float = 5.0) -> None:
     """Write the rows not written yet and wait for them (a process about to stop)."""
     for emission in list(_pending):
         emission()
+    _flush(async_queue())
     if _background:
         await asyncio.wait(set(_background), timeout=timeout_s)
 
 
+def emit_row(draft: CompletionDraft) -> None:
+    """Write a call's completion row (on its way to Redis, then Postgres), in the background."""
+    _emit(draft, async_queue())
+
+
 def _emit(draft: CompletionDraft, queue: AsyncQueue) -> None:
+    # The rows of one turn of the event loop go in one round trip (a burst's many at once).
+    _batch.append(draft)
+    if len(_batch) == 1:
+        asyncio.get_running_loop().call_soon(_flush, queue)
+
+
+def _flush(queue: AsyncQueue) -> None:
+    if not _batch:
+        return
+    drafts = list(_batch)
+    _batch.clear()
     # The task is kept referenced until it is done.
-    task = asyncio.get_running_loop().create_task(completion_emit(draft, queue.client))
+    task = asyncio.get_running_loop().create_task(completion_emit_many(drafts, queue.client))
     _background.add(task)
     task.add_done_callback(_background.discard)
 

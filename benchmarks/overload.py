@@ -131,16 +131,27 @@ async def timed(
     return response.status_code, code, (time.perf_counter() - started) * 1000
 
 
-async def raw_timed(url: str, headers: dict[str, str], body: Any) -> tuple[int, str, float]:
+async def raw_timed(url: str, headers: dict[str, str], body: Any) -> tuple[int, str, float, float]:
     """One POST on a connection of its own, through the soak's minimal HTTP/1.1 client: the
     burst's own CPU (httpx spends ~15 ms of it per call here) must not stand in for the
-    server's latency on a 2-core machine that runs both."""
+    server's latency on a 2-core machine that runs both. (status, code, ms from the request
+    being on the wire to its answer, ms from this call's start): the first is the server's
+    answer as a client sees it; the second adds this client's own connect and write, which
+    queue behind the burst's other calls in this one event loop."""
     started = time.perf_counter()
+    sent = [started]
+
+    def on_sent() -> None:
+        sent[0] = time.perf_counter()
+
     try:
-        status, _, text = await Agent.call_and_give_up(url, headers, body, after_s=120)
+        status, _, text = await Agent.call_and_give_up(
+            url, headers, body, after_s=120, on_sent=on_sent
+        )
     except OSError as exc:
-        return 0, type(exc).__name__, (time.perf_counter() - started) * 1000
-    elapsed = (time.perf_counter() - started) * 1000
+        ms = (time.perf_counter() - started) * 1000
+        return 0, type(exc).__name__, ms, ms
+    done = time.perf_counter()
     code = "" if status else "no-answer"
     if status not in (0, 200):
         try:
@@ -148,7 +159,7 @@ async def raw_timed(url: str, headers: dict[str, str], body: Any) -> tuple[int, 
             code = str(parsed.get("code") or parsed.get("error") or "")
         except ValueError:
             code = "non-json"
-    return status, code, elapsed
+    return status, code, (done - sent[0]) * 1000, (done - started) * 1000
 
 
 async def neighbour_calls(
@@ -165,35 +176,61 @@ async def neighbour_calls(
     return times
 
 
+def neighbour_process(url: str, headers: dict[str, str], pipe: Any) -> None:
+    """The other tenant, a client of its own (its own process, as another tenant's machine
+    is): 30 calls before the burst, then, once told, 30 during it."""
+    import httpx
+
+    async def main() -> None:
+        calm = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=120, limits=calm) as client:
+            await neighbour_calls(client, url, headers, 5, Counter())  # warm
+            pipe.send(await neighbour_calls(client, url, headers, 30, Counter()))
+            pipe.recv()  # the burst starts
+            refused: Counter[str] = Counter()
+            during = await neighbour_calls(client, url, headers, 30, refused)
+            pipe.send((during, dict(refused)))
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    asyncio.run(main())
+
+
 def scenario(
     api_urls: list[str], owner_h: dict[str, str], other_h: dict[str, str], burst: int
 ) -> dict[str, Any]:
-    import httpx
+    import multiprocessing
+
+    # The neighbour calls the first API process, which the burst loads too.
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    neighbour = multiprocessing.get_context("spawn").Process(
+        target=neighbour_process, args=(api_urls[0], other_h, theirs), daemon=True
+    )
+    neighbour.start()
 
     async def main() -> dict[str, Any]:
-        calm = httpx.Limits(max_keepalive_connections=0)
-        async with httpx.AsyncClient(timeout=120, limits=calm) as neighbour:
-            # The neighbour calls the first API process, which the burst loads too.
-            await neighbour_calls(neighbour, api_urls[0], other_h, 5, Counter())  # warm
-            baseline = await neighbour_calls(neighbour, api_urls[0], other_h, 30, Counter())
-            waiting = owner_h | {"X-LibreChat-Workspace-Queue-Wait-Ms": str(ALLOWANCE_MS)}
-            started = time.perf_counter()
-            tasks = [
-                asyncio.create_task(raw_timed(api_urls[i % len(api_urls)], waiting, read()))
-                for i in range(burst)
-            ]
-            refused: Counter[str] = Counter()
-            during = await neighbour_calls(neighbour, api_urls[0], other_h, 30, refused)
-            answers = await asyncio.gather(*tasks)
-            return {
-                "answers": answers,
-                "baseline": baseline,
-                "during": during,
-                "neighbour_refused": dict(refused),
-                "burst_s": time.perf_counter() - started,
-            }
+        baseline = await asyncio.to_thread(ours.recv)
+        waiting = owner_h | {"X-LibreChat-Workspace-Queue-Wait-Ms": str(ALLOWANCE_MS)}
+        ours.send("go")
+        started = time.perf_counter()
+        tasks = [
+            asyncio.create_task(raw_timed(api_urls[i % len(api_urls)], waiting, read()))
+            for i in range(burst)
+        ]
+        answers = await asyncio.gather(*tasks)
+        burst_s = time.perf_counter() - started
+        during, refused = await asyncio.to_thread(ours.recv)
+        return {
+            "answers": answers,
+            "baseline": baseline,
+            "during": during,
+            "neighbour_refused": refused,
+            "burst_s": burst_s,
+        }
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        neighbour.join(timeout=30)
 
 
 def main() -> int:
@@ -290,11 +327,12 @@ def main() -> int:
         rss_after = {pid: rss_bytes(pid) for pid in pids}
         conns_after = api_connections(sync, pids)
         answers = out["answers"]
-        refused = [ms for status, _, ms in answers if status == 429]
+        refused = [ms for status, _, ms, _ in answers if status == 429]
+        refused_from_start = [ms for status, _, _, ms in answers if status == 429]
         # The completion rows of the burst's worker: an admitted call's queue wait.
         # (A call refused by the process's cap on calls in flight never reaches its worker.)
         expected_rows = sum(
-            1 for status, code, _ in answers if status != 0 and code != "SERVICE_OVERLOADED"
+            1 for status, code, _, _ in answers if status != 0 and code != "SERVICE_OVERLOADED"
         )
         deadline = time.monotonic() + 30
         rows = CompletionLog.objects.filter(
@@ -324,7 +362,7 @@ def main() -> int:
             for w in workers
         )
         results.update(
-            answers=dict(Counter(f"{s} {c}".strip() for s, c, _ in answers).most_common()),
+            answers=dict(Counter(f"{s} {c}".strip() for s, c, _, _ in answers).most_common()),
             burst_s=round(out["burst_s"], 2),
             # The API processes' CPU per call of the burst (and the neighbour's 30): one event
             # loop answers one call at a time, so a call waits for those before it.
@@ -333,7 +371,10 @@ def main() -> int:
             # shares the machine's cores with the API.
             client_cpu_s=round(client_cpu_used, 1),
             load_average_1min=os.getloadavg()[0],
+            # From the request on the wire to its answer: the target's figure.
             refused_429=harness.summary(refused),
+            # From the call's start in this client, its own connect and write included.
+            refused_429_from_client_start=harness.summary(refused_from_start),
             refused_429_server_side=harness.summary(served),
             neighbour_baseline=harness.summary(out["baseline"]),
             neighbour_during=harness.summary(out["during"]),
@@ -349,7 +390,7 @@ def main() -> int:
             # Not admitted: told WORKSPACE_QUEUE_TIMEOUT more than 1 s after the allowance ran out.
             timeouts_answered_past_allowance_plus_1s=late_timeouts,
             completion_rows=f"{rows.count()} of {expected_rows}",
-            lost_calls=sum(1 for status, _, _ in answers if status == 0),
+            lost_calls=sum(1 for status, _, _, _ in answers if status == 0),
             redis_connections={
                 f"api {i}": {
                     "before": conns_before[pid],

@@ -122,7 +122,9 @@ class SluiceAsgiHandler(ASGIHandler):
                 from api.authentication import OVERLOADED_FLAG
 
                 request.META[OVERLOADED_FLAG] = True
-            view = asyncio.create_task(self.run_get_response(request))
+            view = asyncio.create_task(
+                self._response(request, credential=_authorization(scope), gate=read_whole)
+            )
             gone = asyncio.create_task(_until_disconnect(receive))
             await asyncio.wait([view, gone], return_when=asyncio.FIRST_COMPLETED)
             if not view.done():
@@ -139,6 +141,15 @@ class SluiceAsgiHandler(ASGIHandler):
                 # request_finished runs here, on the event loop's thread, which holds no
                 # database connection (nothing on it may touch the database).
                 response.close()
+
+    async def _response(self, request: Any, *, credential: bytes, gate: bool) -> Any:
+        """The view's answer; an execute POST read whole goes through its credential's gate
+        first, and may be answered from the memory of refusals (api/burst.py)."""
+        from api import burst
+
+        if gate and burst.gated(request):
+            return await burst.through(request, credential, self.run_get_response)
+        return await self.run_get_response(request)
 
     async def _body_if_worth_it(
         self, scope: ASGIScope, receive: Any, *, overloaded: bool

@@ -223,6 +223,14 @@ SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY = env_int(
     low=1,
     high=100_000,
 )
+# Of one credential's calls, how many may be on their way into admission at once (from the
+# edge until they are in their worker's queue or answered); the others wait their turn in
+# arrival order, at no cost: one credential's burst takes this much of the event loop, not all
+# of it (api/burst.py). A call that waits in its queue has left this count.
+SLUICE_ADMITTING_PER_KEY = env_int("SLUICE_ADMITTING_PER_KEY", 4, low=1, high=10_000)
+# A worker's queue found full is taken as full this long for the caller that found it: its
+# next calls to that worker are refused from memory meanwhile (0: every call asks Redis).
+SLUICE_FULL_QUEUE_HOLD_MS = env_int("SLUICE_FULL_QUEUE_HOLD_MS", 20, low=0, high=1_000)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

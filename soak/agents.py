@@ -16,6 +16,7 @@ import json
 import random
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,12 +212,16 @@ class Agent:
 
     @staticmethod
     async def call_and_give_up(
-        url: str, headers: dict[str, str], body: dict[str, Any], after_s: float
+        url: str,
+        headers: dict[str, str],
+        body: dict[str, Any],
+        after_s: float,
+        on_sent: Callable[[], None] | None = None,
     ) -> tuple[int, str, str]:
         """POST on a connection of its own and close it `after_s` after the request is written,
         unless the answer came first: (status, content type, body), or (0, "", "") when the
         client gave up. The wait starts once the whole request is on the wire, so the server
-        always has the complete call when the connection closes."""
+        always has the complete call when the connection closes; `on_sent` is called then."""
         parts = urlsplit(url)
         data = json.dumps(body).encode()
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
@@ -229,6 +234,8 @@ class Agent:
                 + data
             )
             await writer.drain()
+            if on_sent is not None:
+                on_sent()
             try:
                 raw = await asyncio.wait_for(reader.read(), timeout=after_s)
             except TimeoutError:

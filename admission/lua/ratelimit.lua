@@ -19,12 +19,15 @@
 -- ARGV[3]  cost: units this request takes, integer >= 1
 -- ARGV[4]  now_ms: "0" (or empty) = use the Redis server clock; tests pass fixed values
 --
--- Returns  {allowed (1|0), remaining, reset_s, retry_after_s}
+-- Returns  {allowed (1|0), remaining, reset_s, retry_after_s, retry_after_ms}
 --          remaining      units that would still pass right now (0 when refused)
 --          reset_s        whole seconds until the bucket is full again, rounded up
 --          retry_after_s  whole seconds until this same request would pass, rounded up
 --                         (>= 1 when refused, 0 when allowed). A cost above the limit can
 --                         never pass; it is refused with retry_after_s = the window.
+--          retry_after_ms the same in whole ms, rounded up (0 when allowed): until then
+--                         this request is refused again, so an API process may answer so
+--                         from memory (api/burst.py) without asking again.
 --          A refused request writes nothing, not even the TTL.
 --
 -- Clock    Redis server TIME, never the API host's, so every API process shares one clock.
@@ -62,12 +65,12 @@ local reset_s = ceil_div(backlog, scaled_s)
 
 -- Checked before multiplying so an absurd cost cannot push cost * window_ms past 2^53.
 if cost > limit then
-  return {0, 0, reset_s, ceil_div(window_ms, 1000)}
+  return {0, 0, reset_s, ceil_div(window_ms, 1000), window_ms}
 end
 
 local after = backlog + cost * window_ms
 if after > capacity then
-  return {0, 0, reset_s, ceil_div(after - capacity, scaled_s)}
+  return {0, 0, reset_s, ceil_div(after - capacity, scaled_s), ceil_div(after - capacity, limit)}
 end
 
 local whole_ms = math.floor(after / limit)
@@ -76,4 +79,4 @@ redis.call('HSET', KEYS[1],
   'tat_ms', string.format('%d', now_ms + whole_ms),
   'tat_frac', string.format('%d', after - whole_ms * limit))
 redis.call('PEXPIRE', KEYS[1], string.format('%d', ceil_div(after, limit)))
-return {1, math.floor((capacity - after) / window_ms), ceil_div(after, scaled_s), 0}
+return {1, math.floor((capacity - after) / window_ms), ceil_div(after, scaled_s), 0, 0}
