@@ -1,0 +1,87 @@
+"""api/burst.py's gate and memory of refusals, on one event loop with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from django.http import HttpResponse
+
+from api.burst import Gate, Memo
+from api.workspace_tools import Holding
+
+
+def _holding(until: float) -> HttpResponse:
+    response = HttpResponse(b'{"code": "WORKER_QUEUE_FULL"}', status=429)
+    # The memory keeps the policy for the rows it writes; these tests write none.
+    policy: Any = None
+    response.holds = Holding(  # type: ignore[attr-defined]
+        until=until, code="WORKER_QUEUE_FULL", row={}, policy=policy
+    )
+    return response
+
+
+def test_the_gate_lets_width_calls_of_a_credential_pass_and_the_rest_in_arrival_order() -> None:
+    async def scenario() -> list[int]:
+        gate = Gate(lambda: 2)
+        first, second = await gate.enter(b"a"), await gate.enter(b"a")
+        order: list[int] = []
+
+        async def waiter(n: int) -> None:
+            passage = await gate.enter(b"a")
+            order.append(n)
+            passage.release()
+
+        tasks = [asyncio.create_task(waiter(n)) for n in range(3)]
+        other = await asyncio.wait_for(gate.enter(b"b"), 1)  # another credential never waits
+        await asyncio.sleep(0)
+        assert order == [] and gate.waiting(b"a") == 3
+        first.release()
+        first.release()  # idempotent: one place, not two
+        await asyncio.gather(*tasks)
+        second.release()
+        other.release()
+        assert gate.passing(b"a") == 0 and gate.waiting(b"a") == 0
+        return order
+
+    assert asyncio.run(scenario()) == [0, 1, 2]
+
+
+def test_a_call_cancelled_as_it_is_handed_a_place_passes_the_place_on() -> None:
+    async def scenario() -> None:
+        gate = Gate(lambda: 1)
+        holder = await gate.enter(b"a")
+        cancelled = asyncio.create_task(gate.enter(b"a"))
+        nxt = asyncio.create_task(gate.enter(b"a"))
+        await asyncio.sleep(0)
+        holder.release()  # the place goes to `cancelled`...
+        cancelled.cancel()  # ...which is cancelled in the same step
+        passage = await asyncio.wait_for(nxt, 1)
+        assert gate.passing(b"a") == 1
+        passage.release()
+        assert gate.passing(b"a") == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_refusal_is_recalled_until_it_runs_out_then_one_call_asks_again() -> None:
+    now = [100.0]
+
+    async def scenario() -> None:
+        memo = Memo(now=lambda: now[0])
+        key = (b"a", "w", "read_file")
+        assert await memo.recall(key) is None
+        memo.learn(key, _holding(until=100.02))
+        memo.asked(key)
+        assert (await memo.recall(key)) is not None
+        now[0] = 100.02  # held until, not including, its moment
+        assert await memo.recall(key) is None  # this call asks
+        waiting = asyncio.create_task(memo.recall(key))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # the others wait for that answer
+        memo.learn(key, HttpResponse(status=200))  # it was admitted: nothing holds
+        memo.asked(key)
+        assert await asyncio.wait_for(waiting, 1) is None
+        assert key not in memo.held
+
+    asyncio.run(scenario())
