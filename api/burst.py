@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from admission import deadlines, shutdown
 from admission.completion import CompletionDraft
@@ -160,9 +160,13 @@ class Memo:
                 return None
             await asyncio.shield(asked)
 
-    def learn(self, key: MemoKey, response: HttpResponse) -> None:
+    def learn(self, key: MemoKey, response: HttpResponseBase) -> None:
         holding = getattr(response, "holds", None)
-        if isinstance(holding, Holding) and holding.until > self.now():
+        if (
+            isinstance(response, HttpResponse)
+            and isinstance(holding, Holding)
+            and holding.until > self.now()
+        ):
             if key not in self.held and len(self.held) >= MEMO_MAX:
                 self._forget_expired()
                 if len(self.held) >= MEMO_MAX:
@@ -202,8 +206,8 @@ def gated(request: HttpRequest) -> bool:
 async def through(
     request: HttpRequest,
     credential: bytes,
-    view: Callable[[HttpRequest], Awaitable[HttpResponse]],
-) -> HttpResponse:
+    view: Callable[[HttpRequest], Awaitable[HttpResponseBase]],
+) -> HttpResponseBase:
     """The call's answer: from memory when a refusal of its kind holds, else from `view`
     (`request` is an execute POST whose body was read whole)."""
     draft = CompletionDraft()

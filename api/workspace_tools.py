@@ -159,7 +159,7 @@ def parse_call(request: HttpRequest, draft: CompletionDraft) -> Parsed:
 
 
 def _json_body(request: HttpRequest) -> Any:
-    if request.content_type.split(";")[0].strip() != "application/json":
+    if (request.content_type or "").split(";")[0].strip() != "application/json":
         raise Refusal("UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
     try:
         # Django enforces DATA_UPLOAD_MAX_MEMORY_SIZE here, for a chunked body too (DRF's own
@@ -353,7 +353,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             )
         return response
 
-    def _answer(self, data: Any, status: int, headers: dict[str, str]) -> Response:
+    def _answer(self, data: Any, status: int, headers: dict[str, str]) -> CompletionResponse:
         # A call that passed the rate limit carries its budget headers whatever its answer.
         budget = self.call.response_headers if self.call is not None else {}
         response = CompletionResponse(data, status=status, headers={**budget, **headers})
