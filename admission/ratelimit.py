@@ -9,7 +9,7 @@ budget. This module only decides; the endpoint turns a refusal into a typed 429 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from admission.scripts import register
@@ -83,7 +83,8 @@ class RateDecision:
     remaining: int  # units that would still pass right now; 0 when refused
     reset_s: int  # whole seconds until the bucket is full again, rounded up
     retry_after_s: int  # whole seconds (>= 1) until this request would pass; 0 when allowed
-    retry_after_ms: int = 0  # the same in whole ms, rounded up; 0 when allowed
+    # The same in whole ms, rounded up (0 when allowed): a finer reading of retry_after_s.
+    retry_after_ms: int = field(default=0, compare=False)
 
     def headers(self, policy: RatePolicy) -> dict[str, str]:
         """Response headers: the classic trio, the IETF draft fields, Retry-After on refusal."""

@@ -236,7 +236,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         if arrived is not None:
             # Its life, and its queue allowance, count from its arrival at the edge, before a
             # turn at its credential's gate (api/burst.py).
-            self.draft.started, self.draft.started_monotonic = arrived
+            self.draft.arrived(*arrived)
         if request.method != "POST":
             raise method_not_allowed("POST")
         if shutdown.stopping():
