@@ -82,10 +82,6 @@ class CompletionDraft:
         for name, value in given.items():
             setattr(self, name, value)
 
-    def arrived(self, started: float, started_monotonic: float) -> None:
-        """Its request arrived then (wall, monotonic): before its turn at the edge's gate."""
-        self.started, self.started_monotonic = started, started_monotonic
-
     def entered(self, ticket: int) -> None:
         """In its worker's queue, with this fencing ticket."""
         self.fencing_ticket = ticket

@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
@@ -45,13 +43,13 @@ from admission import deadlines, shutdown
 from admission.completion import CompletionDraft
 from admission.services import call_budgets, isolation_key_hash
 from api.workspace_tools import (
-    ARRIVED,
     ON_ENTERED,
+    READ_AT_EDGE,
     Holding,
-    Parsed,
+    ReadCall,
     emit_row,
     execute_abandoned,
-    parse_call,
+    read_call,
 )
 
 EXECUTE_PATH = "/v1/workspace-tools/execute"
@@ -210,10 +208,10 @@ async def through(
 ) -> HttpResponseBase:
     """The call's answer: from memory when a refusal of its kind holds, else from `view`
     (`request` is an execute POST whose body was read whole)."""
-    draft = CompletionDraft()
-    request.META[ARRIVED] = (draft.started, draft.started_monotonic)
-    parsed = _parsed(request, draft)
-    key = (credential, request.headers.get("X-LibreChat-Code-Worker-ID") or "", draft.operation)
+    read = _read(request)
+    parsed = read.parsed if read is not None else None
+    operation = read.draft.operation if read is not None else ""
+    key = (credential, request.headers.get("X-LibreChat-Code-Worker-ID") or "", operation)
     viewed = False
     try:
         passage = await GATE.enter(credential)
@@ -222,8 +220,8 @@ async def through(
         raise
     try:
         remembered = await MEMO.recall(key) if parsed is not None else None
-        if parsed is not None and remembered is not None and _applies(remembered, parsed):
-            return _replayed(remembered, parsed, draft)
+        if read is not None and remembered is not None and _applies(remembered, read):
+            return _replayed(remembered, read)
         viewed = True
         token = ON_ENTERED.set(passage.release)
         try:
@@ -243,41 +241,43 @@ async def through(
             MEMO.asked(key)
 
 
-def _parsed(request: HttpRequest, draft: CompletionDraft) -> Parsed | None:
-    """The call as the view will read it, or None where the view would answer otherwise."""
-    if shutdown.stopping():
-        return None
+def _read(request: HttpRequest) -> ReadCall | None:
+    """The call read once, here, for the view to take over (READ_AT_EDGE); None if reading
+    it failed unforeseen, which the view then meets and answers itself."""
     try:
-        return parse_call(request, draft)
-    except Exception:  # the view answers it: invalid, too large, not JSON
+        read = read_call(request, CompletionDraft())
+    except Exception:
         return None
+    request.META[READ_AT_EDGE] = read
+    return read
 
 
-def _applies(remembered: Remembered, parsed: Parsed) -> bool:
-    if remembered.holding.code == "WORKER_QUEUE_FULL":
+def _applies(remembered: Remembered, read: ReadCall) -> bool:
+    """Whether the view would answer this call the remembered way now."""
+    assert read.parsed is not None
+    if shutdown.stopping():
+        return False  # the view answers it SHUTTING_DOWN first
+    if remembered.holding.refusal.code == "WORKER_QUEUE_FULL":
         # The view checks a request id and an instance binding before the queue.
-        return parsed.request_id is None and not parsed.body.get("workspaceInstanceId")
+        return read.parsed.request_id is None and not read.parsed.body.get("workspaceInstanceId")
     return True
 
 
-def _replayed(remembered: Remembered, parsed: Parsed, draft: CompletionDraft) -> HttpResponse:
-    holding = remembered.holding
+def _replayed(remembered: Remembered, read: ReadCall) -> HttpResponse:
+    """The remembered answer, and this call's own row: what the view would have written."""
+    holding, draft = remembered.holding, read.draft
+    assert read.parsed is not None
     response = HttpResponse(remembered.content, status=remembered.status)
     for name, value in remembered.headers:
         response[name] = value
-    row: dict[str, Any] = dict(holding.row)
-    queue_ms, exec_ms = call_budgets(parsed.body, parsed.queue_wait_ms, holding.policy)
-    worker_id = str(row["worker_id"])
-    row.update(
-        uid=uuid.uuid4().hex,
-        started=draft.started,
-        request_id=draft.request_id,
-        workspace_id=draft.workspace_id,
-        worktree=draft.worktree,
-        operation=draft.operation,
-        isolation_key_hash=isolation_key_hash(worker_id, parsed.body),
+    queue_ms, exec_ms = call_budgets(read.parsed.body, read.parsed.queue_wait_ms, holding.policy)
+    draft.describe(
+        tenant_hash=holding.tenant_hash,
+        principal_hash=holding.principal_hash,
+        worker_id=holding.worker_id,
+        isolation_key_hash=isolation_key_hash(holding.worker_id, read.parsed.body),
         deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms),
-        duration_ms=int((time.monotonic() - draft.started_monotonic) * 1000),
     )
-    emit_row(CompletionDraft.restored(row))
+    draft.answered(remembered.status, holding.refusal)
+    emit_row(draft)
     return response

@@ -85,18 +85,36 @@ _PARSER = JSONParser()
 
 @dataclass(frozen=True)
 class Holding:
-    """A refusal that holds (Refusal.holds_until): the same call from the same caller gets the
-    same answer until `until`, so the edge may give it from memory (api/burst.py). `row` is
-    this call's completion row, `policy` what its budgets were decided under."""
+    """A refusal that holds (`Refusal.holds_until`): the same call from the same caller gets the
+    same answer until then, so the edge may give it from memory (api/burst.py), with the row
+    facts that came from its caller and worker, and the policy its budgets were decided under."""
 
-    until: float
-    code: str
-    row: dict[str, Any]
+    refusal: Refusal
+    tenant_hash: str
+    principal_hash: str
+    worker_id: str
     policy: Policy
 
+    @property
+    def until(self) -> float:
+        assert self.refusal.holds_until is not None
+        return self.refusal.holds_until
 
-# The edge's (wall, monotonic) time of a request's arrival, in its META.
-ARRIVED = "sluice.arrived"
+
+@dataclass(frozen=True)
+class ReadCall:
+    """A call's headers and body as read: valid (`parsed`) or its refusal (`invalid`), and the
+    draft that read them."""
+
+    draft: CompletionDraft
+    parsed: Parsed | None
+    invalid: Refusal | None
+
+
+# A ReadCall the edge made (api/burst.py), in the request's META: the view takes it over, so
+# the body is parsed once and the call's life counts from its arrival, before its turn at its
+# credential's gate.
+READ_AT_EDGE = "sluice.read_at_edge"
 # Called once the call is in its worker's queue: set by the edge for the view it starts.
 ON_ENTERED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
     "sluice_on_entered", default=None
@@ -136,7 +154,7 @@ def _declared_too_large(request: HttpRequest) -> bool:
         return False
 
 
-def parse_call(request: HttpRequest, draft: CompletionDraft) -> Parsed:
+def _parse(request: HttpRequest, draft: CompletionDraft) -> Parsed:
     """Headers and body, validated before anything is queued (DRF's JSON parser reads it)."""
     try:
         raw_worker = request.headers.get("X-LibreChat-Code-Worker-ID")
@@ -156,6 +174,13 @@ def parse_call(request: HttpRequest, draft: CompletionDraft) -> Parsed:
         worktree=str(body.get("worktree") or ""),
     )
     return Parsed(body, worker_id, queue_wait_ms, request_id)
+
+
+def read_call(request: HttpRequest, draft: CompletionDraft) -> ReadCall:
+    try:
+        return ReadCall(draft, _parse(request, draft), None)
+    except Refusal as refusal:
+        return ReadCall(draft, None, refusal)
 
 
 def _json_body(request: HttpRequest) -> Any:
@@ -232,21 +257,17 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         self.call: Call | None = None
 
     async def prepare(self, request: Request) -> None:
-        arrived = request._request.META.get(ARRIVED)
-        if arrived is not None:
-            # Its life, and its queue allowance, count from its arrival at the edge, before a
-            # turn at its credential's gate (api/burst.py).
-            self.draft.arrived(*arrived)
+        edge: ReadCall | None = request._request.META.get(READ_AT_EDGE)
+        if edge is not None:
+            self.draft = edge.draft
         if request.method != "POST":
             raise method_not_allowed("POST")
         if shutdown.stopping():
             raise refusals.shutting_down()
         if _declared_too_large(request._request):
             raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.")
-        try:
-            self.parsed = parse_call(request._request, self.draft)
-        except Refusal as refusal:
-            self.invalid = refusal
+        read = edge or read_call(request._request, self.draft)
+        self.parsed, self.invalid = read.parsed, read.invalid
 
     async def lookup_caller(self, token: str | None) -> Caller | None:
         """The key, the worker (named or the tenant's default) and its offer in one query."""
@@ -346,9 +367,10 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         response = self._answer(refusal_body(refusal), status, refusal_headers(refusal))
         if refusal.holds_until is not None and self.call and self.call.policy is not None:
             response.holds = Holding(
-                until=refusal.holds_until,
-                code=refusal.code,
-                row=self.draft.row(),
+                refusal=refusal,
+                tenant_hash=self.draft.tenant_hash,
+                principal_hash=self.draft.principal_hash,
+                worker_id=self.draft.worker_id,
                 policy=self.call.policy,
             )
         return response

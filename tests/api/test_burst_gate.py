@@ -7,6 +7,7 @@ from typing import Any
 
 from django.http import HttpResponse
 
+from admission import refusals
 from api.burst import Gate, Memo
 from api.workspace_tools import Holding
 
@@ -16,7 +17,11 @@ def _holding(until: float) -> HttpResponse:
     # The memory keeps the policy for the rows it writes; these tests write none.
     policy: Any = None
     response.holds = Holding(  # type: ignore[attr-defined]
-        until=until, code="WORKER_QUEUE_FULL", row={}, policy=policy
+        refusal=refusals.queue_full("w", 32, holds_until=until),
+        tenant_hash="",
+        principal_hash="",
+        worker_id="w",
+        policy=policy,
     )
     return response
 
