@@ -74,12 +74,12 @@ class SluiceAsgiHandler(ASGIHandler):
         ):
             # Refused, so not carried: it counts against neither cap while it is answered
             # (a burst's refusals would otherwise fill the process's cap for everyone).
-            await self._api_request(scope, receive, send, overloaded=True)
+            await self._api_request(scope, receive, send, credential, overloaded=True)
             return
         _in_flight += 1
         _in_flight_by_key[credential] = held + 1
         try:
-            await self._api_request(scope, receive, send, overloaded=False)
+            await self._api_request(scope, receive, send, credential, overloaded=False)
         finally:
             _in_flight -= 1
             left = _in_flight_by_key[credential] - 1
@@ -89,7 +89,7 @@ class SluiceAsgiHandler(ASGIHandler):
                 del _in_flight_by_key[credential]
 
     async def _api_request(
-        self, scope: ASGIScope, receive: Any, send: Any, *, overloaded: bool
+        self, scope: ASGIScope, receive: Any, send: Any, credential: bytes, *, overloaded: bool
     ) -> None:
         """Headers first: a request that is refused (over this process's limit of calls in
         flight, unauthenticated, declared too large) is answered without its body being read,
@@ -97,7 +97,7 @@ class SluiceAsgiHandler(ASGIHandler):
         one keeps its typed body and its completion row; it sees an empty body then."""
         try:
             body_file, read_whole = await self._body_if_worth_it(
-                scope, receive, overloaded=overloaded
+                scope, receive, credential, overloaded=overloaded
             )
         except RequestAborted:
             # Gone before its body was read; a POST to execute still leaves its row.
@@ -123,7 +123,7 @@ class SluiceAsgiHandler(ASGIHandler):
 
                 request.META[OVERLOADED_FLAG] = True
             view = asyncio.create_task(
-                self._response(request, credential=_authorization(scope), gate=read_whole)
+                self._response(request, credential=credential, gate=read_whole)
             )
             gone = asyncio.create_task(_until_disconnect(receive))
             await asyncio.wait([view, gone], return_when=asyncio.FIRST_COMPLETED)
@@ -152,7 +152,7 @@ class SluiceAsgiHandler(ASGIHandler):
         return await self.run_get_response(request)
 
     async def _body_if_worth_it(
-        self, scope: ASGIScope, receive: Any, *, overloaded: bool
+        self, scope: ASGIScope, receive: Any, credential: bytes, *, overloaded: bool
     ) -> tuple[io.BytesIO, bool]:
         """(the body, or an empty one when it is not to be read; whether it was read whole)."""
         if overloaded or scope.get("method") not in BODY_METHODS:
@@ -165,7 +165,7 @@ class SluiceAsgiHandler(ASGIHandler):
             declared = -1
         if declared > limit:
             return io.BytesIO(), False  # the view answers 413 from the header
-        if not await _authenticated(_authorization(scope)):
+        if not await _authenticated(credential):
             return io.BytesIO(), False  # the view answers 401
         body = io.BytesIO()
         while True:
