@@ -11,7 +11,7 @@ from django.apps import apps
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.color import no_style
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.db.backends.postgresql.operations import DatabaseOperations
 
 from admission.models import AdmissionPolicy
@@ -27,7 +27,13 @@ def test_a_flush_empties_every_table_whatever_refers_to_what(account_factory: An
     # other both ways; then the flush a transactional test ends with.
     account_factory()
     User.objects.create_user("someone", password="x")
-    AdmissionPolicy.from_env().save()
+    try:
+        AdmissionPolicy.from_env().save()
+    except IntegrityError:
+        # The session's API processes and drainer seed the policy row when they meet the table
+        # empty; one did so between this save's UPDATE (no row yet) and its INSERT. The row the
+        # flush must remove is there either way.
+        assert AdmissionPolicy.objects.filter(pk=1).exists()
     before = {m: _rows(m) for m in apps.get_models()}
     assert sum(bool(rows) for rows in before.values()) >= 5
     # As a transactional test's teardown calls it: sequences go on (the command's own default
