@@ -13,6 +13,7 @@ every API process, so any process can expose totals for all of them): see `metri
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -20,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -138,8 +139,9 @@ class CompletionDraft:
         return draft
 
     def row(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("started_monotonic")
+        # Every field is a plain value: a shallow read, not dataclasses.asdict, whose deep
+        # copy of each one cost 0.14 ms a row (every call writes one; a burst, hundreds).
+        data = {name: getattr(self, name) for name in _ROW_FIELDS}
         data["request_id"] = self.request_id or self.uid
         if self.fencing_ticket is not None and self.slot_index is None and not self.queue_wait_ms:
             # Entered the queue and never admitted (timed out, cancelled, disconnected, worker
@@ -147,6 +149,11 @@ class CompletionDraft:
             data["queue_wait_ms"] = self.duration_ms
         return data
 
+
+# A row's fields: the draft's, less its monotonic start (a moment of this process only).
+_ROW_FIELDS = tuple(
+    f.name for f in dataclasses.fields(CompletionDraft) if f.name != "started_monotonic"
+)
 
 # What `describe` may set: everything the request, its caller and its budgets say.
 _GIVEN_FIELDS = frozenset(

@@ -3,8 +3,9 @@
 Every call of a burst used to take the whole way through the event loop: Django's request,
 DRF, the policy, the rate-limit script, the queue script, the row (2 to 6 ms of CPU here). A burst
 of 320 held the loop for over a second, so its own refusals took that long and every other
-tenant's calls waited behind it. The edge (config/asgi.py) now sends the execute endpoint's
-POSTs through two things first:
+tenant's calls waited behind it. The edge (config/asgi.py) now reads an execute POST itself,
+from the ASGI scope and its body (`read_at_edge`), and sends it through two things before
+Django makes a request of it:
 
 * **The gate.** Of one credential's calls (one Authorization header), at most
   `SLUICE_ADMITTING_PER_KEY` are on their way into admission at once; the others wait their
@@ -14,9 +15,11 @@ POSTs through two things first:
 * **The memory of refusals.** When the view answers a refusal that holds
   (`Refusal.holds_until`: a rate-limit refusal until the bucket could let the call pass or its
   whole seconds tick over; a full queue for `SLUICE_FULL_QUEUE_HOLD_MS`), the answer is kept,
-  keyed by credential, worker header and operation. A call that comes through the gate while
-  it holds gets that same answer (status, headers and body as the view sent them) and a
-  completion row of its own, without Django's view, DRF, Redis or Postgres.
+  keyed by credential, worker header and operation. A call that arrives while it holds, or
+  comes through the gate while it holds, gets that same answer (status, headers and body as
+  the view sent them, sent straight to the server) and a completion row of its own, without
+  Django's request, view or response, DRF, Redis or Postgres. Such an answer costs the event
+  loop about what uvicorn itself spends on the connection (docs/benchmarks.md).
 
 What is answered from memory is what the view would answer: the request must be valid (the
 view's own parser reads it), its key known to the caller cache (checked before its body was
@@ -35,21 +38,22 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpResponse, HttpResponseBase
+from django.http.request import split_domain_port, validate_host
+from django.utils.http import parse_header_parameters
 
 from admission import deadlines, shutdown
 from admission.completion import CompletionDraft
 from admission.services import call_budgets, isolation_key_hash
 from api.workspace_tools import (
     ON_ENTERED,
-    READ_AT_EDGE,
     Holding,
     ReadCall,
     emit_row,
-    execute_abandoned,
-    read_call,
+    read_parts,
 )
 
 EXECUTE_PATH = "/v1/workspace-tools/execute"
@@ -127,10 +131,17 @@ MemoKey = tuple[bytes, str, str]
 
 @dataclass(frozen=True)
 class Remembered:
+    """A refusal's answer as the view sent it (status, the ASGI headers, the body)."""
+
     status: int
-    headers: list[tuple[str, str]]
+    headers: list[tuple[bytes, bytes]]
     content: bytes
     holding: Holding
+
+    async def send(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        """The answer, as Django's handler would have sent the view's response."""
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        await send({"type": "http.response.body", "body": self.content, "more_body": False})
 
 
 @dataclass
@@ -142,6 +153,13 @@ class Memo:
     now: Callable[[], float] = time.monotonic
     held: dict[MemoKey, Remembered] = field(default_factory=dict)
     asking: dict[MemoKey, asyncio.Future[None]] = field(default_factory=dict)
+
+    def holding(self, key: MemoKey) -> Remembered | None:
+        """The refusal that holds for `key` now, if any (never waits, never asks)."""
+        remembered = self.held.get(key)
+        if remembered is not None and remembered.holding.until > self.now():
+            return remembered
+        return None
 
     async def recall(self, key: MemoKey) -> Remembered | None:
         """The refusal that holds for `key`, or None: then the caller asks the view, `learn`s
@@ -171,7 +189,11 @@ class Memo:
                     del self.held[next(iter(self.held))]  # the oldest
             self.held[key] = Remembered(
                 status=response.status_code,
-                headers=[(k, v) for k, v in response.items() if k.lower() not in _SERVER_HEADERS],
+                headers=[
+                    (k.encode("ascii"), v.encode("latin-1"))
+                    for k, v in response.items()
+                    if k.lower() not in _SERVER_HEADERS
+                ],
                 content=response.content,
                 holding=holding,
             )
@@ -196,60 +218,117 @@ GATE = Gate(lambda: settings.SLUICE_ADMITTING_PER_KEY)
 MEMO = Memo()
 
 
-def gated(request: HttpRequest) -> bool:
-    """The calls that go through the gate: the execute endpoint's POSTs."""
-    return request.method == "POST" and request.path_info == EXECUTE_PATH
+def read_at_edge(scope: dict[str, Any], body: bytes) -> ReadCall | None:
+    """An execute POST read from its ASGI scope and its whole body, before Django makes a
+    request of it, so that a refusal held in memory costs no Django request, view or response.
+    None for anything else, and for a request whose reading here could differ from Django's:
+    a header name with an underscore or given twice (Django folds those), a Host it would
+    refuse. The view takes the reading over (READ_AT_EDGE): the body is parsed once, and the
+    call's life counts from here, before its turn at its credential's gate."""
+    if not gated(scope) or scope.get("root_path") or settings.USE_X_FORWARDED_HOST:
+        return None
+    headers = _EdgeHeaders()
+    for raw_name, raw_value in scope.get("headers") or ():
+        name = raw_name.decode("latin-1").lower()
+        if "_" in name or name in headers:
+            return None
+        headers[name] = raw_value.decode("latin-1")
+    if not _host_allowed(headers.get("host")):
+        return None  # the middleware answers it 400
+    content_type = parse_header_parameters(headers.get("content-type") or "")[0]
+    try:
+        return read_parts(headers, content_type, lambda: body, CompletionDraft())
+    except Exception:
+        return None  # unforeseen: the view meets it in its own reading and answers it
+
+
+class _EdgeHeaders(dict[str, str]):
+    def get(self, key: str, /) -> str | None:  # type: ignore[override]
+        return super().get(key.lower())
+
+
+def _host_allowed(host: str | None) -> bool:
+    """What `HttpRequest.get_host` accepts (config.middleware checks it for the API)."""
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    domain, _ = split_domain_port(host or "")
+    return bool(domain) and validate_host(domain, allowed)
+
+
+def gated(scope: dict[str, Any]) -> bool:
+    """The requests that go through the gate: the execute endpoint's POSTs."""
+    return scope.get("method") == "POST" and scope.get("path") == EXECUTE_PATH
+
+
+def _memo_key(read: ReadCall | None, credential: bytes) -> MemoKey | None:
+    if read is None or read.parsed is None:
+        return None
+    return (credential, read.parsed.worker_id or "", read.draft.operation)
+
+
+def recalled(read: ReadCall, credential: bytes) -> Remembered | None:
+    """The answer held in memory for this call now, its row written; None: the call goes on
+    (through its gate, to the view). Never waits: a call that arrives while a held refusal is
+    being asked again goes to the gate, where it waits for that answer."""
+    key = _memo_key(read, credential)
+    remembered = MEMO.holding(key) if key is not None else None
+    if remembered is None or not _applies(remembered, read):
+        return None
+    _replayed(remembered, read)
+    return remembered
 
 
 async def through(
-    request: HttpRequest,
+    read: ReadCall | None,
     credential: bytes,
-    view: Callable[[HttpRequest], Awaitable[HttpResponseBase]],
-) -> HttpResponseBase:
-    """The call's answer: from memory when a refusal of its kind holds, else from `view`
-    (`request` is an execute POST whose body was read whole)."""
-    read = _read(request)
-    parsed = read.parsed if read is not None else None
-    operation = read.draft.operation if read is not None else ""
-    key = (credential, request.headers.get("X-LibreChat-Code-Worker-ID") or "", operation)
+    view: Callable[[], Awaitable[HttpResponseBase]],
+    abandoned: Callable[[], None],
+) -> HttpResponseBase | Remembered:
+    """The call's answer, once through its credential's gate: from memory when a refusal of
+    its kind holds (its row written), else from `view`. `read` is the edge's reading of the
+    call (None: it could not read it, and the view will); `abandoned` writes the row of a call
+    whose client went away before the view saw it."""
+    key = _memo_key(read, credential)
     viewed = False
     try:
         passage = await GATE.enter(credential)
     except asyncio.CancelledError:
-        execute_abandoned(request)  # gone while it waited for its turn: its row says so
+        _abandoned(read, abandoned)  # gone while it waited for its turn: its row says so
         raise
     try:
-        remembered = await MEMO.recall(key) if parsed is not None else None
-        if read is not None and remembered is not None and _applies(remembered, read):
-            return _replayed(remembered, read)
+        remembered = await MEMO.recall(key) if key is not None else None
+        if remembered is not None and read is not None and _applies(remembered, read):
+            _replayed(remembered, read)
+            return remembered
         viewed = True
         token = ON_ENTERED.set(passage.release)
         try:
-            response = await view(request)
+            response = await view()
         finally:
             ON_ENTERED.reset(token)
-        if parsed is not None:
+        if key is not None:
             MEMO.learn(key, response)
         return response
     except asyncio.CancelledError:
         if not viewed:
-            execute_abandoned(request)
+            _abandoned(read, abandoned)
         raise
     finally:
         passage.release()
-        if viewed and parsed is not None:
+        if viewed and key is not None:
             MEMO.asked(key)
 
 
-def _read(request: HttpRequest) -> ReadCall | None:
-    """The call read once, here, for the view to take over (READ_AT_EDGE); None if reading
-    it failed unforeseen, which the view then meets and answers itself."""
-    try:
-        read = read_call(request, CompletionDraft())
-    except Exception:
-        return None
-    request.META[READ_AT_EDGE] = read
-    return read
+def _abandoned(read: ReadCall | None, otherwise: Callable[[], None]) -> None:
+    """The row of a call whose client went away before the view saw it."""
+    if read is None:
+        otherwise()
+        return
+    if read.parsed is not None and read.parsed.worker_id:
+        read.draft.describe(worker_id=read.parsed.worker_id)
+    read.draft.went_away_answered()
+    emit_row(read.draft)
 
 
 def _applies(remembered: Remembered, read: ReadCall) -> bool:
@@ -263,13 +342,10 @@ def _applies(remembered: Remembered, read: ReadCall) -> bool:
     return True
 
 
-def _replayed(remembered: Remembered, read: ReadCall) -> HttpResponse:
-    """The remembered answer, and this call's own row: what the view would have written."""
+def _replayed(remembered: Remembered, read: ReadCall) -> None:
+    """This call's own row for the remembered answer: what the view would have written."""
     holding, draft = remembered.holding, read.draft
     assert read.parsed is not None
-    response = HttpResponse(remembered.content, status=remembered.status)
-    for name, value in remembered.headers:
-        response[name] = value
     queue_ms, exec_ms = call_budgets(read.parsed.body, read.parsed.queue_wait_ms, holding.policy)
     draft.describe(
         tenant_hash=holding.tenant_hash,
@@ -280,4 +356,3 @@ def _replayed(remembered: Remembered, read: ReadCall) -> HttpResponse:
     )
     draft.answered(remembered.status, holding.refusal)
     emit_row(draft)
-    return response

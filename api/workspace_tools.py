@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -154,42 +154,56 @@ def _declared_too_large(request: HttpRequest) -> bool:
         return False
 
 
-def _parse(request: HttpRequest, draft: CompletionDraft) -> Parsed:
+class Headers(Protocol):
+    """What a call's reading needs of its headers: a value by name, any case (a Django
+    request's `headers`, or the edge's reading of the ASGI scope, api/burst.py)."""
+
+    def get(self, key: str, /) -> str | None: ...
+
+
+def _parse(
+    headers: Headers, content_type: str, body: Callable[[], bytes], draft: CompletionDraft
+) -> Parsed:
     """Headers and body, validated before anything is queued (DRF's JSON parser reads it)."""
     try:
-        raw_worker = request.headers.get("X-LibreChat-Code-Worker-ID")
+        raw_worker = headers.get("X-LibreChat-Code-Worker-ID")
         worker_id = validate_worker_id(raw_worker) if raw_worker is not None else None
-        queue_wait_ms = parse_queue_wait_header(
-            request.headers.get("X-LibreChat-Workspace-Queue-Wait-Ms")
-        )
-        raw_request_id = request.headers.get("X-LibreChat-Workspace-Request-Id")
+        queue_wait_ms = parse_queue_wait_header(headers.get("X-LibreChat-Workspace-Queue-Wait-Ms"))
+        raw_request_id = headers.get("X-LibreChat-Workspace-Request-Id")
         request_id = validate_request_id(raw_request_id) if raw_request_id is not None else None
         draft.describe(request_id=request_id or "")
-        body = validate_request(_json_body(request))
+        body_json = validate_request(_json_body(content_type, body))
     except ProtocolError as exc:
         raise invalid(exc.code, exc.message) from None
     draft.describe(
-        operation=str(body["operation"]),
-        workspace_id=str(body["workspaceId"]),
-        worktree=str(body.get("worktree") or ""),
+        operation=str(body_json["operation"]),
+        workspace_id=str(body_json["workspaceId"]),
+        worktree=str(body_json.get("worktree") or ""),
     )
-    return Parsed(body, worker_id, queue_wait_ms, request_id)
+    return Parsed(body_json, worker_id, queue_wait_ms, request_id)
 
 
 def read_call(request: HttpRequest, draft: CompletionDraft) -> ReadCall:
+    return read_parts(request.headers, request.content_type or "", lambda: request.body, draft)
+
+
+def read_parts(
+    headers: Headers, content_type: str, body: Callable[[], bytes], draft: CompletionDraft
+) -> ReadCall:
+    """A call read from its headers, its content type and its body: valid or its refusal."""
     try:
-        return ReadCall(draft, _parse(request, draft), None)
+        return ReadCall(draft, _parse(headers, content_type, body, draft), None)
     except Refusal as refusal:
         return ReadCall(draft, None, refusal)
 
 
-def _json_body(request: HttpRequest) -> Any:
-    if (request.content_type or "").split(";")[0].strip() != "application/json":
+def _json_body(content_type: str, body: Callable[[], bytes]) -> Any:
+    if content_type.split(";")[0].strip() != "application/json":
         raise Refusal("UNSUPPORTED_MEDIA_TYPE", "The body must be application/json.")
     try:
         # Django enforces DATA_UPLOAD_MAX_MEMORY_SIZE here, for a chunked body too (DRF's own
         # stream would take a body without Content-Length for an empty one).
-        raw = request.body
+        raw = body()
     except RequestDataTooBig:
         raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.") from None
     try:

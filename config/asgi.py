@@ -6,13 +6,16 @@ import asyncio
 import contextlib
 import io
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import django
 from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.urls import set_script_prefix
+
+if TYPE_CHECKING:
+    from api.workspace_tools import ReadCall
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -112,28 +115,41 @@ class SluiceAsgiHandler(ASGIHandler):
             send = _closing(send)
         with body_file:
             set_script_prefix(get_script_prefix(scope))
-            request, refusal = self.create_request(scope, body_file)
-            if request is None:
-                assert refusal is not None
-                await self.send_response(refusal, send)
-                refusal.close()
-                return
-            if overloaded:
-                from api.authentication import OVERLOADED_FLAG
+            from api import burst
 
-                request.META[OVERLOADED_FLAG] = True
-            view = asyncio.create_task(
-                self._response(request, credential=credential, gate=read_whole)
+            read = (
+                burst.read_at_edge(scope, body_file.getvalue())
+                if read_whole and burst.gated(scope)
+                else None
+            )
+            if read is not None and not overloaded:
+                remembered = burst.recalled(read, credential)
+                if remembered is not None:
+                    # A refusal that holds: no Django request, view or response (api/burst.py).
+                    await remembered.send(send)
+                    return
+            answer = asyncio.create_task(
+                self._answer(
+                    scope,
+                    body_file,
+                    read,
+                    credential=credential,
+                    overloaded=overloaded,
+                    read_whole=read_whole,
+                )
             )
             gone = asyncio.create_task(_until_disconnect(receive))
-            await asyncio.wait([view, gone], return_when=asyncio.FIRST_COMPLETED)
-            if not view.done():
+            await asyncio.wait([answer, gone], return_when=asyncio.FIRST_COMPLETED)
+            if not answer.done():
                 # The client went away: the view is cancelled (and takes its queue place along).
                 gone.exception()  # RequestAborted, the expected end of that task: retrieved
-                await _cancelled(view)
+                await _cancelled(answer)
                 return
             gone.cancel()
-            response = view.result()
+            response = answer.result()
+            if isinstance(response, burst.Remembered):
+                await response.send(send)
+                return
             try:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.send_response(response, send)
@@ -142,14 +158,45 @@ class SluiceAsgiHandler(ASGIHandler):
                 # database connection (nothing on it may touch the database).
                 response.close()
 
-    async def _response(self, request: Any, *, credential: bytes, gate: bool) -> Any:
-        """The view's answer; an execute POST read whole goes through its credential's gate
-        first, and may be answered from the memory of refusals (api/burst.py)."""
+    async def _answer(
+        self,
+        scope: ASGIScope,
+        body_file: io.BytesIO,
+        read: ReadCall | None,
+        *,
+        credential: bytes,
+        overloaded: bool,
+        read_whole: bool,
+    ) -> Any:
+        """The view's answer (a Django response); an execute POST read at the edge goes
+        through its credential's gate first, and may be answered from the memory of refusals
+        (a `burst.Remembered`, its row written)."""
         from api import burst
 
-        if gate and burst.gated(request):
-            return await burst.through(request, credential, self.run_get_response)
-        return await self.run_get_response(request)
+        async def view() -> Any:
+            request, refusal = self.create_request(scope, body_file)
+            if request is None:
+                return refusal
+            if overloaded:
+                from api.authentication import OVERLOADED_FLAG
+
+                request.META[OVERLOADED_FLAG] = True
+            if read is not None:
+                from api.workspace_tools import READ_AT_EDGE
+
+                request.META[READ_AT_EDGE] = read
+            return await self.run_get_response(request)
+
+        def abandoned() -> None:
+            from api.workspace_tools import execute_abandoned
+
+            request, _ = self.create_request(scope, body_file)
+            if request is not None:
+                execute_abandoned(request)
+
+        if read_whole and burst.gated(scope) and not overloaded:
+            return await burst.through(read, credential, view, abandoned)
+        return await view()
 
     async def _body_if_worth_it(
         self, scope: ASGIScope, receive: Any, credential: bytes, *, overloaded: bool

@@ -1,0 +1,219 @@
+"""The edge's own reading of an execute POST, and a refusal held in memory answered there
+without Django's request, view or response (api/burst.py, config/asgi.py): in this process,
+on the real ASGI application, real Postgres and real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from typing import Any
+
+import pytest
+from django.core.handlers.asgi import ASGIRequest
+
+from admission.policy import policy_update
+from api import burst
+from api.workspace_tools import emissions_flush, read_call
+from config.asgi import application
+
+EXECUTE = "/v1/workspace-tools/execute"
+BODY = {"protocolVersion": 1, "operation": "read_file", "workspaceId": "repo", "path": "a.txt"}
+
+
+def _scope(
+    headers: list[tuple[bytes, bytes]], *, path: str = EXECUTE, method: str = "POST"
+) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "root_path": "",
+        "scheme": "http",
+        "query_string": b"",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 40000),
+        "asgi": {"version": "3.0"},
+        "headers": headers,
+    }
+
+
+def _headers(body: bytes, **extra: str) -> list[tuple[bytes, bytes]]:
+    pairs = {
+        "host": "127.0.0.1:8000",
+        "content-type": "application/json",
+        "content-length": str(len(body)),
+        **{k.replace("_", "-"): v for k, v in extra.items()},
+    }
+    return [(k.encode(), v.encode()) for k, v in pairs.items()]
+
+
+def _django_read(scope: dict[str, Any], body: bytes) -> Any:
+    request = ASGIRequest(scope, io.BytesIO(body))
+    from admission.completion import CompletionDraft
+
+    return read_call(request, CompletionDraft())
+
+
+def test_the_edge_reads_a_call_as_django_does() -> None:
+    body = json.dumps(BODY).encode()
+    scope = _scope(
+        _headers(
+            body,
+            x_librechat_code_worker_id="w-1",
+            x_librechat_workspace_queue_wait_ms="1500",
+            x_librechat_workspace_request_id="req-0123456789abcdef",
+        )
+    )
+    edge = burst.read_at_edge(scope, body)
+    django = _django_read(scope, body)
+    assert edge is not None and edge.parsed is not None and django.parsed is not None
+    assert edge.parsed == django.parsed
+    assert (edge.parsed.worker_id, edge.parsed.queue_wait_ms) == ("w-1", 1500)
+    assert edge.draft.row() | {"uid": "", "started": 0, "request_id": ""} == django.draft.row() | {
+        "uid": "",
+        "started": 0,
+        "request_id": "",
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "code"),
+    [
+        (b"{not json", "application/json", "INVALID_REQUEST"),
+        (json.dumps(BODY).encode(), "text/plain", "UNSUPPORTED_MEDIA_TYPE"),
+        (json.dumps(BODY | {"extra": 1}).encode(), "application/json", None),
+    ],
+)
+def test_the_edge_refuses_a_bad_call_as_django_does(
+    body: bytes, content_type: str, code: str | None
+) -> None:
+    scope = _scope(_headers(body))
+    scope["headers"] = [
+        (k, content_type.encode() if k == b"content-type" else v) for k, v in scope["headers"]
+    ]
+    edge = burst.read_at_edge(scope, body)
+    django = _django_read(scope, body)
+    assert edge is not None and edge.invalid is not None and django.invalid is not None
+    assert (edge.invalid.code, edge.invalid.message) == (
+        django.invalid.code,
+        django.invalid.message,
+    )
+    if code is not None:
+        assert edge.invalid.code == code
+
+
+@pytest.mark.parametrize(
+    "scope_change",
+    [
+        # Django folds these into the dashed header it reads: left to Django.
+        {"headers": [(b"x-librechat-code-worker_id", b"w-2")]},
+        {"headers": [(b"x-librechat-code-worker-id", b"w-2")]},  # given twice
+        {"host": b"evil.example"},  # refused by ALLOWED_HOSTS: the middleware answers it
+        {"path": "/v1/workspace-tools/requests"},
+        {"method": "PUT"},
+    ],
+)
+def test_the_edge_leaves_to_django_what_it_could_read_otherwise(
+    scope_change: dict[str, Any],
+) -> None:
+    body = json.dumps(BODY).encode()
+    scope = _scope(
+        _headers(body, x_librechat_code_worker_id="w-1"),
+        path=scope_change.get("path", EXECUTE),
+        method=scope_change.get("method", "POST"),
+    )
+    scope["headers"] += scope_change.get("headers", [])
+    if "host" in scope_change:
+        scope["headers"] = [
+            (k, scope_change["host"] if k == b"host" else v) for k, v in scope["headers"]
+        ]
+    assert burst.read_at_edge(scope, body) is None
+
+
+async def _call(headers: list[tuple[bytes, bytes]], body: bytes) -> list[dict[str, Any]]:
+    """One POST through the real ASGI application: the messages it sent."""
+    sent: list[dict[str, Any]] = []
+    received = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        if not received:
+            received = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)  # the client stays until its answer
+        raise AssertionError
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await application(_scope(headers, path=EXECUTE), receive, send)
+    return sent
+
+
+def test_a_refusal_held_in_memory_is_answered_at_the_edge_word_for_word(
+    transactional_db: None, account_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    owner = account_factory()
+    policy_update({"WORKSPACE_TOOLS_RATE_LIMIT": "1/30s"})
+    body = json.dumps(BODY).encode()
+    headers = _headers(
+        body, authorization=f"Bearer {owner.api_key}", x_librechat_code_worker_id=owner.worker_id
+    )
+    viewed: list[int] = []
+    run_view = application.run_get_response
+
+    async def counting(request: Any) -> Any:
+        viewed.append(1)
+        return await run_view(request)
+
+    async def scenario() -> list[list[dict[str, Any]]]:
+        answers = [await _call(headers, body) for _ in range(3)]
+        await emissions_flush()
+        return answers
+
+    caplog.set_level(logging.INFO, logger="sluice.completion")
+    application.run_get_response = counting  # type: ignore[method-assign]
+    try:
+        _, second, third = asyncio.run(scenario())
+    finally:
+        del application.run_get_response
+    # The first call took the one unit; the second was refused by the view, and that refusal
+    # holds; the third got it from memory: the view was not asked again.
+    assert second[0]["status"] == 429
+    assert json.loads(second[1]["body"])["error"] == "rate_limited"
+    assert len(viewed) == 2
+    assert third == second  # status, every header and the body, as the view sent them
+    rows = [r.__dict__ for r in caplog.records if r.msg == "Workspace tool request completed"]
+    assert len(rows) == 3
+    varying = {"uid", "request_id", "duration_ms"}
+    by_view, from_memory = ({k: v for k, v in r.items() if k in _ROW} for r in rows[1:])
+    assert {k: v for k, v in by_view.items() if k not in varying} == {
+        k: v for k, v in from_memory.items() if k not in varying
+    }
+    assert from_memory["principal_hash"] and from_memory["code"] == "RATE_LIMITED"
+
+
+_ROW = {
+    "uid",
+    "request_id",
+    "tenant_hash",
+    "principal_hash",
+    "worker_id",
+    "workspace_id",
+    "worktree",
+    "isolation_key_hash",
+    "operation",
+    "http_status",
+    "code",
+    "outcome",
+    "admission_outcome",
+    "queue_wait_ms",
+    "slot_index",
+    "exec_ms",
+    "duration_ms",
+    "deadline_budget_ms",
+    "fencing_ticket",
+}
