@@ -34,6 +34,7 @@ full queue from memory (the view checks those first and could answer otherwise).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -45,13 +46,14 @@ from django.http import HttpResponse, HttpResponseBase
 from django.http.request import split_domain_port, validate_host
 from django.utils.http import parse_header_parameters
 
-from admission import deadlines, shutdown
+from admission import deadlines, refusals, shutdown
 from admission.completion import CompletionDraft
 from admission.services import call_budgets, isolation_key_hash
 from api.workspace_tools import (
     ON_ENTERED,
     Holding,
     ReadCall,
+    describe_headers,
     emit_row,
     read_parts,
 )
@@ -130,18 +132,37 @@ MemoKey = tuple[bytes, str, str]
 
 
 @dataclass(frozen=True)
-class Remembered:
-    """A refusal's answer as the view sent it (status, the ASGI headers, the body)."""
+class Answer:
+    """An answer as the view sent it (status, the ASGI headers, the body), to send again."""
 
     status: int
     headers: list[tuple[bytes, bytes]]
     content: bytes
-    holding: Holding
+
+    @classmethod
+    def of(cls, response: HttpResponse) -> Answer:
+        return cls(
+            status=response.status_code,
+            headers=[
+                (k.encode("ascii"), v.encode("latin-1"))
+                for k, v in response.items()
+                if k.lower() not in _SERVER_HEADERS
+            ],
+            content=response.content,
+        )
 
     async def send(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         """The answer, as Django's handler would have sent the view's response."""
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
         await send({"type": "http.response.body", "body": self.content, "more_body": False})
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """A refusal that holds, as the view answered it."""
+
+    answer: Answer
+    holding: Holding
 
 
 @dataclass
@@ -187,16 +208,7 @@ class Memo:
                 self._forget_expired()
                 if len(self.held) >= MEMO_MAX:
                     del self.held[next(iter(self.held))]  # the oldest
-            self.held[key] = Remembered(
-                status=response.status_code,
-                headers=[
-                    (k.encode("ascii"), v.encode("latin-1"))
-                    for k, v in response.items()
-                    if k.lower() not in _SERVER_HEADERS
-                ],
-                content=response.content,
-                holding=holding,
-            )
+            self.held[key] = Remembered(answer=Answer.of(response), holding=holding)
         else:
             self.held.pop(key, None)
 
@@ -225,6 +237,21 @@ def read_at_edge(scope: dict[str, Any], body: bytes) -> ReadCall | None:
     a header name with an underscore or given twice (Django folds those), a Host it would
     refuse. The view takes the reading over (READ_AT_EDGE): the body is parsed once, and the
     call's life counts from here, before its turn at its credential's gate."""
+    headers = _edge_headers(scope)
+    if headers is None:
+        return None
+    content_type = parse_header_parameters(headers.get("content-type") or "")[0]
+    try:
+        return read_parts(headers, content_type, lambda: body, CompletionDraft())
+    except Exception:
+        return None  # unforeseen: the view meets it in its own reading and answers it
+
+
+def _edge_headers(scope: dict[str, Any]) -> _EdgeHeaders | None:
+    """An execute POST's headers, when the view would read them as they are here: no header
+    name with an underscore or given twice (Django folds those), a Host Django accepts, and
+    an Accept that DRF answers with plain JSON (another may change the answer: 406, or an
+    indented body)."""
     if not gated(scope) or scope.get("root_path") or settings.USE_X_FORWARDED_HOST:
         return None
     headers = _EdgeHeaders()
@@ -235,11 +262,13 @@ def read_at_edge(scope: dict[str, Any], body: bytes) -> ReadCall | None:
         headers[name] = raw_value.decode("latin-1")
     if not _host_allowed(headers.get("host")):
         return None  # the middleware answers it 400
-    content_type = parse_header_parameters(headers.get("content-type") or "")[0]
-    try:
-        return read_parts(headers, content_type, lambda: body, CompletionDraft())
-    except Exception:
-        return None  # unforeseen: the view meets it in its own reading and answers it
+    if headers.get("accept") not in _PLAIN_ACCEPT:
+        return None
+    return headers
+
+
+# Accept headers the JSON renderer answers exactly as it does with none.
+_PLAIN_ACCEPT = frozenset({None, "", "*/*", "application/json"})
 
 
 class _EdgeHeaders(dict[str, str]):
@@ -267,7 +296,46 @@ def _memo_key(read: ReadCall | None, credential: bytes) -> MemoKey | None:
     return (credential, read.parsed.worker_id or "", read.draft.operation)
 
 
-def recalled(read: ReadCall, credential: bytes) -> Remembered | None:
+# The view's SERVICE_OVERLOADED answer to an execute POST, once it has given one: the same for
+# every caller (no body is read, nobody is looked up), so later ones are sent from here.
+_overloaded: list[Answer] = []
+
+
+def overloaded_at_edge(scope: dict[str, Any]) -> Answer | None:
+    """The answer of an execute POST past this process's (or its key's) share of calls in
+    flight, its row written; None: the view answers it (and teaches this one). The edge
+    decides the overload itself; only the answer's bytes are the view's."""
+    if not _overloaded or shutdown.stopping():
+        return None  # a stopping process answers SHUTTING_DOWN first
+    headers = _edge_headers(scope)
+    if headers is None or _declared_too_large(headers):
+        return None
+    draft = CompletionDraft()
+    describe_headers(headers, draft)
+    draft.answered(_overloaded[0].status, refusals.service_overloaded())
+    emit_row(draft)
+    return _overloaded[0]
+
+
+def learn_overloaded(response: HttpResponseBase) -> None:
+    """Keep the view's answer to an overloaded execute POST."""
+    if not _overloaded and isinstance(response, HttpResponse) and response.status_code == 503:
+        try:
+            code = json.loads(response.content).get("code")
+        except ValueError:
+            return
+        if code == "SERVICE_OVERLOADED":
+            _overloaded.append(Answer.of(response))
+
+
+def _declared_too_large(headers: _EdgeHeaders) -> bool:
+    try:
+        return int(headers.get("content-length") or 0) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    except ValueError:
+        return True  # the view decides what such a header means
+
+
+def recalled(read: ReadCall, credential: bytes) -> Answer | None:
     """The answer held in memory for this call now, its row written; None: the call goes on
     (through its gate, to the view). Never waits: a call that arrives while a held refusal is
     being asked again goes to the gate, where it waits for that answer."""
@@ -276,7 +344,7 @@ def recalled(read: ReadCall, credential: bytes) -> Remembered | None:
     if remembered is None or not _applies(remembered, read):
         return None
     _replayed(remembered, read)
-    return remembered
+    return remembered.answer
 
 
 async def through(
@@ -284,7 +352,7 @@ async def through(
     credential: bytes,
     view: Callable[[], Awaitable[HttpResponseBase]],
     abandoned: Callable[[], None],
-) -> HttpResponseBase | Remembered:
+) -> HttpResponseBase | Answer:
     """The call's answer, once through its credential's gate: from memory when a refusal of
     its kind holds (its row written), else from `view`. `read` is the edge's reading of the
     call (None: it could not read it, and the view will); `abandoned` writes the row of a call
@@ -300,7 +368,7 @@ async def through(
         remembered = await MEMO.recall(key) if key is not None else None
         if remembered is not None and read is not None and _applies(remembered, read):
             _replayed(remembered, read)
-            return remembered
+            return remembered.answer
         viewed = True
         token = ON_ENTERED.set(passage.release)
         try:
@@ -354,5 +422,5 @@ def _replayed(remembered: Remembered, read: ReadCall) -> None:
         isolation_key_hash=isolation_key_hash(holding.worker_id, read.parsed.body),
         deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms),
     )
-    draft.answered(remembered.status, holding.refusal)
+    draft.answered(remembered.answer.status, holding.refusal)
     emit_row(draft)

@@ -215,18 +215,23 @@ def _json_body(content_type: str, body: Callable[[], bytes]) -> Any:
         raise invalid("INVALID_REQUEST", "The body is not valid JSON.") from None
 
 
-def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
-    """On a refusal, name what the request carried (request id, worker, workspace, operation)
-    when it is well-formed, so its completion row says what was refused. Only values that
-    match the protocol's own patterns are kept: never content, command text or a path."""
-    headers = request.headers
+def describe_headers(headers: Headers, draft: CompletionDraft) -> None:
+    """The request id and the worker a refused request named, when they are well-formed."""
     for attr, header, check in (
         ("request_id", "X-LibreChat-Workspace-Request-Id", validate_request_id),
         ("worker_id", "X-LibreChat-Code-Worker-ID", validate_worker_id),
     ):
-        if not getattr(draft, attr) and headers.get(header):
+        value = headers.get(header)
+        if not getattr(draft, attr) and value:
             with contextlib.suppress(ProtocolError):
-                draft.describe(**{attr: check(headers[header])})
+                draft.describe(**{attr: check(value)})
+
+
+def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
+    """On a refusal, name what the request carried (request id, worker, workspace, operation)
+    when it is well-formed, so its completion row says what was refused. Only values that
+    match the protocol's own patterns are kept: never content, command text or a path."""
+    describe_headers(request.headers, draft)
     if (
         draft.operation
         or request.content_type != "application/json"

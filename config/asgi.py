@@ -113,10 +113,15 @@ class SluiceAsgiHandler(ASGIHandler):
         if not read_whole:
             # The rest of the body is never read: the connection ends with this answer.
             send = _closing(send)
+        from api import burst
+
+        if overloaded:
+            refused = burst.overloaded_at_edge(scope)
+            if refused is not None:
+                await refused.send(send)
+                return
         with body_file:
             set_script_prefix(get_script_prefix(scope))
-            from api import burst
-
             read = (
                 burst.read_at_edge(scope, body_file.getvalue())
                 if read_whole and burst.gated(scope)
@@ -147,9 +152,11 @@ class SluiceAsgiHandler(ASGIHandler):
                 return
             gone.cancel()
             response = answer.result()
-            if isinstance(response, burst.Remembered):
+            if isinstance(response, burst.Answer):
                 await response.send(send)
                 return
+            if overloaded and burst.gated(scope):
+                burst.learn_overloaded(response)
             try:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.send_response(response, send)
@@ -170,7 +177,7 @@ class SluiceAsgiHandler(ASGIHandler):
     ) -> Any:
         """The view's answer (a Django response); an execute POST read at the edge goes
         through its credential's gate first, and may be answered from the memory of refusals
-        (a `burst.Remembered`, its row written)."""
+        (a `burst.Answer`, its row written)."""
         from api import burst
 
         async def view() -> Any:

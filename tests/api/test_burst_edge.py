@@ -112,6 +112,9 @@ def test_the_edge_refuses_a_bad_call_as_django_does(
         {"headers": [(b"x-librechat-code-worker_id", b"w-2")]},
         {"headers": [(b"x-librechat-code-worker-id", b"w-2")]},  # given twice
         {"host": b"evil.example"},  # refused by ALLOWED_HOSTS: the middleware answers it
+        # DRF renders this one indented, and answers a type it cannot render 406.
+        {"headers": [(b"accept", b"application/json; indent=4")]},
+        {"headers": [(b"accept", b"text/html")]},
         {"path": "/v1/workspace-tools/requests"},
         {"method": "PUT"},
     ],
@@ -217,3 +220,56 @@ _ROW = {
     "deadline_budget_ms",
     "fencing_ticket",
 }
+
+
+def test_an_overloaded_call_gets_the_views_answer_from_the_edge(
+    transactional_db: None,
+    account_factory: Any,
+    caplog: pytest.LogCaptureFixture,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    owner = account_factory()
+    settings.SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY = 0  # every call is past its key's share
+    monkeypatch.setattr(burst, "_overloaded", [])  # nothing learned yet in this process
+    body = json.dumps(BODY).encode()
+    headers = _headers(
+        body,
+        authorization=f"Bearer {owner.api_key}",
+        x_librechat_code_worker_id=owner.worker_id,
+        x_librechat_workspace_request_id="req-0123456789abcdef",
+    )
+    viewed: list[int] = []
+    run_view = application.run_get_response
+
+    async def counting(request: Any) -> Any:
+        viewed.append(1)
+        return await run_view(request)
+
+    async def scenario() -> list[list[dict[str, Any]]]:
+        answers = [await _call(headers, body) for _ in range(2)]
+        await emissions_flush()
+        return answers
+
+    caplog.set_level(logging.INFO, logger="sluice.completion")
+    application.run_get_response = counting  # type: ignore[method-assign]
+    try:
+        by_view, at_edge = asyncio.run(scenario())
+    finally:
+        del application.run_get_response
+    assert len(viewed) == 1  # the second never reached Django's request or the view
+    assert by_view[0]["status"] == 503
+    assert json.loads(by_view[1]["body"])["code"] == "SERVICE_OVERLOADED"
+    assert at_edge == by_view  # word for word, Connection: close and Retry-After included
+    rows = [
+        {k: v for k, v in r.__dict__.items() if k in _ROW}
+        for r in caplog.records
+        if r.msg == "Workspace tool request completed"
+    ]
+    varying = {"uid", "duration_ms"}
+    assert len(rows) == 2
+    assert [{k: v for k, v in r.items() if k not in varying} for r in rows] == [
+        {k: v for k, v in rows[0].items() if k not in varying}
+    ] * 2
+    assert rows[1]["worker_id"] == owner.worker_id
+    assert rows[1]["request_id"] == "req-0123456789abcdef"
