@@ -21,8 +21,13 @@ Django makes a request of it:
   Django's request, view or response, DRF, Redis or Postgres. Such an answer costs the event
   loop about what uvicorn itself spends on the connection (docs/benchmarks.md).
 
+A POST past the process's or its credential's share of calls in flight (config/asgi.py) is
+answered the same way once the view has answered one: the edge decides the overload, the
+answer's bytes are the view's (they name no caller), the row is the call's own.
+
 What is answered from memory is what the view would answer: the request must be valid (the
-view's own parser reads it), its key known to the caller cache (checked before its body was
+view's own parser reads it, from headers the edge reads exactly as Django would, or the edge
+leaves the request to Django), its key known to the caller cache (checked before its body was
 read), the process not stopping. A rate-limit refusal is exact: the bucket cannot let that
 call pass before its time (other operations' calls may still take units meanwhile, so the
 seconds it names can fall short of the truth, never the refusal). A full queue is taken as full

@@ -18,6 +18,7 @@ BENCHMARKS = [
     ("admission: hand-off, Redis commands per call, 1,000 waiters, throughput", "admission.py", []),
     ("dashboard queries on 1,000,000 completion rows", "dashboard_queries.py", []),
     ("command sandbox: added latency of bwrap per command", "sandbox.py", []),
+    ("edge: one refusal from memory vs by the view, in process", "edge.py", []),
     ("overload: the contract 2.8 burst (10x the queue, one principal)", "overload.py", []),
 ]
 
