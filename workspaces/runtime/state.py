@@ -73,6 +73,10 @@ class WorkerState:
     # Set when the worker starts its warm shutdown: a settling thread then takes no next call
     # (those go to the Celery queue, which is no longer consumed, and end at their deadline).
     stopping: threading.Event = field(default_factory=threading.Event)
+    # Set while Celery's consumer is connected to the broker and takes this worker's queue
+    # (workspaces/runtime/consuming.py): a worker whose registration was lost registers again
+    # only then, or its calls would be granted to a queue nobody reads.
+    consuming: threading.Event = field(default_factory=threading.Event)
 
     def redis_now_ms(self) -> float:
         return time.time() * 1000 + self.clock_offset_ms

@@ -27,6 +27,7 @@ from workspaces.runtime.config import (
     registration_workspaces,
     without_network,
 )
+from workspaces.runtime.consuming import Consuming
 from workspaces.runtime.control import (
     ControlPlane,
     PairingRefused,
@@ -39,6 +40,8 @@ from workspaces.sandbox import Limits, Sandbox, SandboxUnavailable, worker_sandb
 from workspaces.signing import signing_key_for_token
 
 log = logging.getLogger("sluice.worker")
+# How often a worker whose registration was lost looks whether its consumer is back.
+CONSUMER_WAIT_S = 0.2
 
 
 class Command(BaseCommand):
@@ -296,6 +299,7 @@ class Command(BaseCommand):
             self.stdout.flush()
 
         worker_ready.connect(announce, weak=False)
+        app.steps["consumer"].add(Consuming)
         worker = app.Worker(
             queues=[queue],
             concurrency=slots,
@@ -332,6 +336,10 @@ class Command(BaseCommand):
             if alive == "lost":
                 # The registration expired or Redis restarted empty: come back as a new
                 # incarnation. Assignments for the old one are dropped as stale from now on.
+                # Only once Celery's consumer reads the queue again (runtime/consuming.py).
+                while not state.consuming.wait(CONSUMER_WAIT_S):
+                    if stop.is_set():
+                        return
                 try:
                     answer = control.register(workspaces=offered(), slots=slots, attempts=3)
                 except RegistrationRefused:

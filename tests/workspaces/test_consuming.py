@@ -1,0 +1,116 @@
+"""A worker whose registration was lost registers again only while Celery's consumer reads its
+queue (workspaces/runtime/consuming.py): otherwise the calls granted meanwhile go to a queue
+nobody reads and hold their slots until their exec deadline. Found as the flake of
+`test_redis_restarted_empty_under_load_...`: 20 calls timed out in the queue after the worker
+had registered again, while Celery's consumer was still in kombu's reconnect back-off."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import bootsteps
+from celery.worker.consumer.consumer import Consumer
+from livesupport import wait_until
+
+from admission.queue import SyncQueue
+from workspaces.management.commands.runworker import Command
+from workspaces.runtime import state as worker_state
+from workspaces.runtime.consuming import Consuming
+
+
+class _LostOnce:
+    """The control plane's two answers this rule needs: a lost registration, then alive."""
+
+    def __init__(self) -> None:
+        self.registered: list[float] = []
+        self.beats = 0
+
+    def heartbeat(self, incarnation: str) -> bool | str | None:
+        self.beats += 1
+        return "lost" if not self.registered else True
+
+    def register(self, **_: Any) -> dict[str, Any]:
+        self.registered.append(time.monotonic())
+        return {"incarnationId": "inc2", "slots": 1, "queue": "q"}
+
+
+def _state(sync_redis: redis.Redis, redis_prefix: str) -> worker_state.WorkerState:
+    return worker_state.WorkerState(
+        worker_id="w",
+        incarnation="inc1",
+        workspaces={},
+        lanes=False,
+        queue=SyncQueue(sync_redis, redis_prefix),
+        signing_key=b"k",
+    )
+
+
+def test_a_lost_registration_is_renewed_only_once_the_consumer_reads_the_queue(
+    sync_redis: redis.Redis, redis_prefix: str, settings: Any
+) -> None:
+    settings.WORKER_HEARTBEAT_S = 0.01
+    state = _state(sync_redis, redis_prefix)
+    control, stop = _LostOnce(), threading.Event()
+    beat = threading.Thread(
+        target=Command()._heartbeat, args=(control, state, stop, list, 1), daemon=True
+    )
+    beat.start()
+    try:
+        wait_until(lambda: control.beats >= 1)
+        time.sleep(0.3)  # the rule is that nothing happens: give it time to (wrongly) happen
+        assert control.registered == []
+        state.consuming.set()  # the consumer is back
+        wait_until(lambda: control.registered)
+        wait_until(lambda: state.incarnation == "inc2")
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+    assert not beat.is_alive()
+
+
+def test_a_worker_stopping_while_its_consumer_is_away_does_not_register_again(
+    sync_redis: redis.Redis, redis_prefix: str, settings: Any
+) -> None:
+    settings.WORKER_HEARTBEAT_S = 0.01
+    state = _state(sync_redis, redis_prefix)
+    control, stop = _LostOnce(), threading.Event()
+    beat = threading.Thread(
+        target=Command()._heartbeat, args=(control, state, stop, list, 1), daemon=True
+    )
+    beat.start()
+    wait_until(lambda: control.beats >= 1)
+    stop.set()
+    beat.join(timeout=5)
+    assert not beat.is_alive() and control.registered == []
+
+
+def test_the_consumer_step_marks_the_worker_consuming_while_it_runs(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    state = _state(sync_redis, redis_prefix)
+    worker_state.install(state)
+    try:
+        step = Consuming(parent=None)
+        step.start(None)
+        assert state.consuming.is_set()
+        step.stop(None)  # the connection was lost: the blueprint stops every step
+        assert not state.consuming.is_set()
+        step.start(None)
+        step.shutdown(None)
+        assert not state.consuming.is_set()
+    finally:
+        worker_state.install(None)
+
+
+def test_celery_stops_the_consumers_steps_when_its_connection_is_lost() -> None:
+    """Tripwire on what the step leans on: Celery's consumer restarts its blueprint (every
+    step's `stop`, then `start` once connected again) after a connection error."""
+    source = inspect.getsource(Consumer.start)
+    assert "except self.connection_errors" in source or "connection_errors" in source
+    assert "blueprint.restart(self)" in source
+    restart = inspect.signature(bootsteps.Blueprint.restart)
+    assert restart.parameters["method"].default == "stop"
