@@ -25,28 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
 
-def scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/workspace-tools/execute",
-        "root_path": "",
-        "scheme": "http",
-        "query_string": b"",
-        "http_version": "1.1",
-        "server": ("127.0.0.1", 8000),
-        "client": ("127.0.0.1", 40000),
-        "asgi": {"version": "3.0"},
-        "headers": headers,
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
     harness.prepare("sluice_bench_edge", WORKSPACE_TOOLS_RATE_LIMIT="1/30s")
     owner = harness.account("edge-w", tenant="edge")
+    from livesupport import asgi_scope
+
     from api import burst
     from api.workspace_tools import emissions_flush
     from config.asgi import application
@@ -79,7 +65,7 @@ def main() -> int:
             if message["type"] == "http.response.start":
                 statuses.append(message["status"])
 
-        await application(scope(headers), receive, send)
+        await application(asgi_scope(headers), receive, send)
 
     async def timed(forget: bool) -> float:
         started = time.perf_counter()

@@ -350,3 +350,26 @@ def pid_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state not in ("Z", "X")
+
+
+def asgi_scope(
+    headers: list[tuple[bytes, bytes]],
+    *,
+    path: str = "/v1/workspace-tools/execute",
+    method: str = "POST",
+) -> dict[str, Any]:
+    """An HTTP request's ASGI scope as uvicorn hands it over, for calling the application in
+    this process (tests and benchmarks of the edge, config/asgi.py)."""
+    return {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "root_path": "",
+        "scheme": "http",
+        "query_string": b"",
+        "http_version": "1.1",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 40000),
+        "asgi": {"version": "3.0"},
+        "headers": headers,
+    }

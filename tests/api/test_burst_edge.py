@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from django.core.handlers.asgi import ASGIRequest
+from livesupport import asgi_scope
 
+from admission.completion import CompletionDraft
 from admission.policy import policy_update
 from api import burst
 from api.workspace_tools import emissions_flush, read_call
@@ -20,24 +22,6 @@ from config.asgi import application
 
 EXECUTE = "/v1/workspace-tools/execute"
 BODY = {"protocolVersion": 1, "operation": "read_file", "workspaceId": "repo", "path": "a.txt"}
-
-
-def _scope(
-    headers: list[tuple[bytes, bytes]], *, path: str = EXECUTE, method: str = "POST"
-) -> dict[str, Any]:
-    return {
-        "type": "http",
-        "method": method,
-        "path": path,
-        "root_path": "",
-        "scheme": "http",
-        "query_string": b"",
-        "http_version": "1.1",
-        "server": ("127.0.0.1", 8000),
-        "client": ("127.0.0.1", 40000),
-        "asgi": {"version": "3.0"},
-        "headers": headers,
-    }
 
 
 def _headers(body: bytes, **extra: str) -> list[tuple[bytes, bytes]]:
@@ -52,14 +36,12 @@ def _headers(body: bytes, **extra: str) -> list[tuple[bytes, bytes]]:
 
 def _django_read(scope: dict[str, Any], body: bytes) -> Any:
     request = ASGIRequest(scope, io.BytesIO(body))
-    from admission.completion import CompletionDraft
-
     return read_call(request, CompletionDraft())
 
 
 def test_the_edge_reads_a_call_as_django_does() -> None:
     body = json.dumps(BODY).encode()
-    scope = _scope(
+    scope = asgi_scope(
         _headers(
             body,
             x_librechat_code_worker_id="w-1",
@@ -90,7 +72,7 @@ def test_the_edge_reads_a_call_as_django_does() -> None:
 def test_the_edge_refuses_a_bad_call_as_django_does(
     body: bytes, content_type: str, code: str | None
 ) -> None:
-    scope = _scope(_headers(body))
+    scope = asgi_scope(_headers(body))
     scope["headers"] = [
         (k, content_type.encode() if k == b"content-type" else v) for k, v in scope["headers"]
     ]
@@ -123,7 +105,7 @@ def test_the_edge_leaves_to_django_what_it_could_read_otherwise(
     scope_change: dict[str, Any],
 ) -> None:
     body = json.dumps(BODY).encode()
-    scope = _scope(
+    scope = asgi_scope(
         _headers(body, x_librechat_code_worker_id="w-1"),
         path=scope_change.get("path", EXECUTE),
         method=scope_change.get("method", "POST"),
@@ -152,8 +134,44 @@ async def _call(headers: list[tuple[bytes, bytes]], body: bytes) -> list[dict[st
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await application(_scope(headers, path=EXECUTE), receive, send)
+    await application(asgi_scope(headers, path=EXECUTE), receive, send)
     return sent
+
+
+def _calls(
+    headers: list[tuple[bytes, bytes]], body: bytes, n: int, caplog: pytest.LogCaptureFixture
+) -> tuple[list[list[dict[str, Any]]], int, list[dict[str, Any]]]:
+    """`n` POSTs one after another: the messages each got, how many reached Django's handler
+    (the view), and the completion rows written (from their log lines)."""
+    viewed: list[int] = []
+    run_view = application.run_get_response
+
+    async def counting(request: Any) -> Any:
+        viewed.append(1)
+        return await run_view(request)
+
+    async def scenario() -> list[list[dict[str, Any]]]:
+        answers = [await _call(headers, body) for _ in range(n)]
+        await emissions_flush()
+        return answers
+
+    caplog.set_level(logging.INFO, logger="sluice.completion")
+    application.run_get_response = counting  # type: ignore[method-assign]
+    try:
+        answers = asyncio.run(scenario())
+    finally:
+        del application.run_get_response
+    fields = CompletionDraft().row().keys()
+    rows = [
+        {k: v for k, v in r.__dict__.items() if k in fields}
+        for r in caplog.records
+        if r.msg == "Workspace tool request completed"
+    ]
+    return answers, len(viewed), rows
+
+
+def _without(row: dict[str, Any], varying: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in varying}
 
 
 def test_a_refusal_held_in_memory_is_answered_at_the_edge_word_for_word(
@@ -165,61 +183,17 @@ def test_a_refusal_held_in_memory_is_answered_at_the_edge_word_for_word(
     headers = _headers(
         body, authorization=f"Bearer {owner.api_key}", x_librechat_code_worker_id=owner.worker_id
     )
-    viewed: list[int] = []
-    run_view = application.run_get_response
-
-    async def counting(request: Any) -> Any:
-        viewed.append(1)
-        return await run_view(request)
-
-    async def scenario() -> list[list[dict[str, Any]]]:
-        answers = [await _call(headers, body) for _ in range(3)]
-        await emissions_flush()
-        return answers
-
-    caplog.set_level(logging.INFO, logger="sluice.completion")
-    application.run_get_response = counting  # type: ignore[method-assign]
-    try:
-        _, second, third = asyncio.run(scenario())
-    finally:
-        del application.run_get_response
+    (_, second, third), viewed, rows = _calls(headers, body, 3, caplog)
     # The first call took the one unit; the second was refused by the view, and that refusal
     # holds; the third got it from memory: the view was not asked again.
     assert second[0]["status"] == 429
     assert json.loads(second[1]["body"])["error"] == "rate_limited"
-    assert len(viewed) == 2
+    assert viewed == 2
     assert third == second  # status, every header and the body, as the view sent them
-    rows = [r.__dict__ for r in caplog.records if r.msg == "Workspace tool request completed"]
     assert len(rows) == 3
-    varying = {"uid", "request_id", "duration_ms"}
-    by_view, from_memory = ({k: v for k, v in r.items() if k in _ROW} for r in rows[1:])
-    assert {k: v for k, v in by_view.items() if k not in varying} == {
-        k: v for k, v in from_memory.items() if k not in varying
-    }
-    assert from_memory["principal_hash"] and from_memory["code"] == "RATE_LIMITED"
-
-
-_ROW = {
-    "uid",
-    "request_id",
-    "tenant_hash",
-    "principal_hash",
-    "worker_id",
-    "workspace_id",
-    "worktree",
-    "isolation_key_hash",
-    "operation",
-    "http_status",
-    "code",
-    "outcome",
-    "admission_outcome",
-    "queue_wait_ms",
-    "slot_index",
-    "exec_ms",
-    "duration_ms",
-    "deadline_budget_ms",
-    "fencing_ticket",
-}
+    varying = {"uid", "started", "request_id", "duration_ms"}
+    assert _without(rows[1], varying) == _without(rows[2], varying)
+    assert rows[2]["principal_hash"] and rows[2]["code"] == "RATE_LIMITED"
 
 
 def test_an_overloaded_call_gets_the_views_answer_from_the_edge(
@@ -239,37 +213,13 @@ def test_an_overloaded_call_gets_the_views_answer_from_the_edge(
         x_librechat_code_worker_id=owner.worker_id,
         x_librechat_workspace_request_id="req-0123456789abcdef",
     )
-    viewed: list[int] = []
-    run_view = application.run_get_response
-
-    async def counting(request: Any) -> Any:
-        viewed.append(1)
-        return await run_view(request)
-
-    async def scenario() -> list[list[dict[str, Any]]]:
-        answers = [await _call(headers, body) for _ in range(2)]
-        await emissions_flush()
-        return answers
-
-    caplog.set_level(logging.INFO, logger="sluice.completion")
-    application.run_get_response = counting  # type: ignore[method-assign]
-    try:
-        by_view, at_edge = asyncio.run(scenario())
-    finally:
-        del application.run_get_response
-    assert len(viewed) == 1  # the second never reached Django's request or the view
+    (by_view, at_edge), viewed, rows = _calls(headers, body, 2, caplog)
+    assert viewed == 1  # the second never reached Django's request or the view
     assert by_view[0]["status"] == 503
     assert json.loads(by_view[1]["body"])["code"] == "SERVICE_OVERLOADED"
     assert at_edge == by_view  # word for word, Connection: close and Retry-After included
-    rows = [
-        {k: v for k, v in r.__dict__.items() if k in _ROW}
-        for r in caplog.records
-        if r.msg == "Workspace tool request completed"
-    ]
-    varying = {"uid", "duration_ms"}
+    varying = {"uid", "started", "duration_ms"}
     assert len(rows) == 2
-    assert [{k: v for k, v in r.items() if k not in varying} for r in rows] == [
-        {k: v for k, v in rows[0].items() if k not in varying}
-    ] * 2
+    assert _without(rows[0], varying) == _without(rows[1], varying)
     assert rows[1]["worker_id"] == owner.worker_id
     assert rows[1]["request_id"] == "req-0123456789abcdef"

@@ -49,16 +49,24 @@ def _state(sync_redis: redis.Redis, redis_prefix: str) -> worker_state.WorkerSta
     )
 
 
-def test_a_lost_registration_is_renewed_only_once_the_consumer_reads_the_queue(
-    sync_redis: redis.Redis, redis_prefix: str, settings: Any
-) -> None:
-    settings.WORKER_HEARTBEAT_S = 0.01
-    state = _state(sync_redis, redis_prefix)
+def _beating(
+    state: worker_state.WorkerState,
+) -> tuple[_LostOnce, threading.Event, threading.Thread]:
+    """runworker's real heartbeat loop, on its own thread, told once that it is lost."""
     control, stop = _LostOnce(), threading.Event()
     beat = threading.Thread(
         target=Command()._heartbeat, args=(control, state, stop, list, 1), daemon=True
     )
     beat.start()
+    return control, stop, beat
+
+
+def test_a_lost_registration_is_renewed_only_once_the_consumer_reads_the_queue(
+    sync_redis: redis.Redis, redis_prefix: str, settings: Any
+) -> None:
+    settings.WORKER_HEARTBEAT_S = 0.01
+    state = _state(sync_redis, redis_prefix)
+    control, stop, beat = _beating(state)
     try:
         wait_until(lambda: control.beats >= 1)
         time.sleep(0.3)  # the rule is that nothing happens: give it time to (wrongly) happen
@@ -76,12 +84,7 @@ def test_a_worker_stopping_while_its_consumer_is_away_does_not_register_again(
     sync_redis: redis.Redis, redis_prefix: str, settings: Any
 ) -> None:
     settings.WORKER_HEARTBEAT_S = 0.01
-    state = _state(sync_redis, redis_prefix)
-    control, stop = _LostOnce(), threading.Event()
-    beat = threading.Thread(
-        target=Command()._heartbeat, args=(control, state, stop, list, 1), daemon=True
-    )
-    beat.start()
+    control, stop, beat = _beating(_state(sync_redis, redis_prefix))
     wait_until(lambda: control.beats >= 1)
     stop.set()
     beat.join(timeout=5)
