@@ -26,6 +26,10 @@ log = logging.getLogger("sluice.worker")
 SETTLE_MARGIN_MS = 500
 # A ticket is remembered this long past its deadline; any redelivery after that is expired.
 REMEMBER_TICKET_S = 3600.0
+# How long an assignment for an incarnation the worker is registering as waits for the answer
+# (a registration makes 3 attempts of at most 10 s; a call late by then is dropped at its
+# deadline).
+REGISTRATION_WAIT_S = 30.0
 
 
 def _family(operation: str) -> str:
@@ -69,6 +73,9 @@ def _run_one(
         log.warning("assignment with a bad signature dropped", extra={"worker_id": st.worker_id})
         return None
     fields: dict[str, Any] = {"worker_id": st.worker_id, "entry": assignment.get("assignmentId")}
+    if assignment.get("incarnation") != st.incarnation:
+        # Perhaps the incarnation this worker is registering as right now (state.registered).
+        st.registered.wait(REGISTRATION_WAIT_S)
     if (
         assignment.get("incarnation") != st.incarnation
         or assignment.get("workerId") != st.worker_id

@@ -50,6 +50,12 @@ class HandedCall(Protocol):
     def grant(self) -> dict[str, Any] | None: ...
 
 
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
 @dataclass
 class WorkerState:
     worker_id: str
@@ -77,6 +83,12 @@ class WorkerState:
     # (workspaces/runtime/consuming.py): a worker whose registration was lost registers again
     # only then, or its calls would be granted to a queue nobody reads.
     consuming: threading.Event = field(default_factory=threading.Event)
+    # Clear while the worker registers again (a new incarnation on its way): the API grants
+    # for the new incarnation as soon as it has written it, before the worker has heard the
+    # answer, so an assignment for an incarnation the worker has not adopted yet waits for the
+    # answer instead of being dropped as stale (its slot would then stay taken until its exec
+    # deadline, with nobody to settle it).
+    registered: threading.Event = field(default_factory=_set_event)
 
     def redis_now_ms(self) -> float:
         return time.time() * 1000 + self.clock_offset_ms

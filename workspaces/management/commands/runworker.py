@@ -340,13 +340,16 @@ class Command(BaseCommand):
                 while not state.consuming.wait(CONSUMER_WAIT_S):
                     if stop.is_set():
                         return
+                state.registered.clear()
                 try:
                     answer = control.register(workspaces=offered(), slots=slots, attempts=3)
+                    state.reincarnate(answer["incarnationId"])
                 except RegistrationRefused:
                     log.error("registration lost and refused again; shutting down")
                     os.kill(os.getpid(), signal.SIGTERM)
                     return
-                state.reincarnate(answer["incarnationId"])
+                finally:
+                    state.registered.set()
                 log.warning(
                     "registration lost; registered again", extra={"incarnation": state.incarnation}
                 )
