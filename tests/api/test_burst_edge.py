@@ -138,6 +138,14 @@ async def _call(headers: list[tuple[bytes, bytes]], body: bytes) -> list[dict[st
     return sent
 
 
+@pytest.fixture(autouse=True)
+def _own_redis_namespace(settings: Any, redis_prefix: str, sync_redis: Any) -> None:
+    """This test's keys, completion stream included, under a prefix of its own (removed after
+    it): the session's drainer, which lands the session prefix's stream, would otherwise land
+    these rows in Postgres during a later test of this process."""
+    settings.REDIS_KEY_PREFIX = redis_prefix
+
+
 def _calls(
     headers: list[tuple[bytes, bytes]], body: bytes, n: int, caplog: pytest.LogCaptureFixture
 ) -> tuple[list[list[dict[str, Any]]], int, list[dict[str, Any]]]:

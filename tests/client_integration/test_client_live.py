@@ -108,8 +108,11 @@ def test_a_burst_of_40_calls_on_one_workspace_completes_through_retries_and_runs
     assert len(calls) == 40
     for tries in calls.values():
         assert len({t.body for t in tries}) == 1  # the same bytes on every attempt
-        # 30000 less the time spent minting credentials (a static key: 0, or 1 by rounding).
-        assert all(29_990 <= int(t.queue_wait_header or 0) <= 30_000 for t in tries)
+        # 30000 less the client's own time from the attempt's start to its plan (minting
+        # credentials: nothing to mint for a static key, but the 40 calls share one event loop,
+        # and on a loaded machine that time passed 10 ms: a fresh-clone run beside stress-ng).
+        # Never more than the default, and never a budget computed otherwise.
+        assert all(29_000 <= int(t.queue_wait_header or 0) <= 30_000 for t in tries)
         assert tries[-1].status == 200
         assert {(t.status, t.code) for t in tries[:-1]} <= {
             (503, "WORKSPACE_QUEUE_TIMEOUT"),
