@@ -238,9 +238,8 @@ MEMO = Memo()
 def read_at_edge(scope: dict[str, Any], body: bytes) -> ReadCall | None:
     """An execute POST read from its ASGI scope and its whole body, before Django makes a
     request of it, so that a refusal held in memory costs no Django request, view or response.
-    None for anything else, and for a request whose reading here could differ from Django's:
-    a header name with an underscore or given twice (Django folds those), a Host it would
-    refuse. The view takes the reading over (READ_AT_EDGE): the body is parsed once, and the
+    None for anything else, and for a request whose reading or answer here could differ from
+    Django's (`_edge_headers`). The view takes the reading over (READ_AT_EDGE): the body is parsed once, and the
     call's life counts from here, before its turn at its credential's gate."""
     headers = _edge_headers(scope)
     if headers is None:
