@@ -58,6 +58,7 @@ from api.workspace_tools import (
     ON_ENTERED,
     Holding,
     ReadCall,
+    declared_too_large,
     describe_headers,
     emit_row,
     read_parts,
@@ -191,12 +192,12 @@ class Memo:
         """The refusal that holds for `key`, or None: then the caller asks the view, `learn`s
         its answer and says when it has `asked`."""
         while True:
-            remembered = self.held.get(key)
-            if remembered is not None and remembered.holding.until > self.now():
+            remembered = self.holding(key)
+            if remembered is not None:
                 return remembered
             asked = self.asking.get(key)
             if asked is None:
-                if remembered is not None:
+                if key in self.held:
                     # Ran out: this call asks again; the next ones wait for what it learns.
                     self.asking[key] = asyncio.get_running_loop().create_future()
                 return None
@@ -312,7 +313,7 @@ def overloaded_at_edge(scope: dict[str, Any]) -> Answer | None:
     if not _overloaded or shutdown.stopping():
         return None  # a stopping process answers SHUTTING_DOWN first
     headers = _edge_headers(scope)
-    if headers is None or _declared_too_large(headers):
+    if headers is None or declared_too_large(headers):
         return None
     draft = CompletionDraft()
     describe_headers(headers, draft)
@@ -330,13 +331,6 @@ def learn_overloaded(response: HttpResponseBase) -> None:
             return
         if code == "SERVICE_OVERLOADED":
             _overloaded.append(Answer.of(response))
-
-
-def _declared_too_large(headers: _EdgeHeaders) -> bool:
-    try:
-        return int(headers.get("content-length") or 0) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    except ValueError:
-        return True  # the view decides what such a header means
 
 
 def recalled(read: ReadCall, credential: bytes) -> Answer | None:

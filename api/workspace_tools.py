@@ -145,11 +145,10 @@ class Parsed:
     request_id: str | None
 
 
-def _declared_too_large(request: HttpRequest) -> bool:
+def declared_too_large(headers: Headers) -> bool:
+    """Whether the request's Content-Length already passes the body limit (413 unread)."""
     try:
-        return (
-            int(request.headers.get("Content-Length") or 0) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        )
+        return int(headers.get("Content-Length") or 0) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     except ValueError:
         return False
 
@@ -235,7 +234,7 @@ def _fill_known(request: HttpRequest, draft: CompletionDraft) -> None:
     if (
         draft.operation
         or request.content_type != "application/json"
-        or _declared_too_large(request)
+        or declared_too_large(request.headers)
     ):
         return
     try:
@@ -283,7 +282,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             raise method_not_allowed("POST")
         if shutdown.stopping():
             raise refusals.shutting_down()
-        if _declared_too_large(request._request):
+        if declared_too_large(request._request.headers):
             raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.")
         read = edge or read_call(request._request, self.draft)
         self.parsed, self.invalid = read.parsed, read.invalid
