@@ -291,12 +291,13 @@ def _observe(pipe: Any, key: str, name: str, value_ms: int) -> None:
     pipe.hincrby(key, f"{name}|n", 1)
 
 
-class _Unrecorded:
-    """Metric increments that missed the hash (Redis was away when their row was written).
-
-    The row then goes to Postgres directly; its counters wait here, in this process, and ride
-    along with the next row that reaches Redis, so every refusal is counted once in /metrics
-    (under the Redis connect timeouts of an overload, 1 in 1,764 was)."""
+class _Counts:
+    """Metric increments summed in this process, to go to the hash as one HINCRBY each: a
+    batch of rows' own, and `_unrecorded`: those that missed the hash (Redis was away when
+    their row was written). The row then goes to Postgres directly; its counters wait there,
+    in this process, and ride along with the next batch that reaches Redis, so every refusal
+    is counted once in /metrics (under the Redis connect timeouts of an overload, 1 in 1,764
+    was)."""
 
     def __init__(self) -> None:
         self.fields: dict[str, int] = {}
@@ -313,7 +314,7 @@ class _Unrecorded:
             self.hincrby("", name, amount)
 
 
-_unrecorded = _Unrecorded()
+_unrecorded = _Counts()
 
 
 def expected_outage(exc: BaseException) -> bool:
@@ -332,26 +333,28 @@ async def completion_emit_many(drafts: list[CompletionDraft], client: Any) -> No
     """Calls' rows, with their metrics, in one round trip to the stream (a burst's rows go
     together); if the stream is away, straight to Postgres."""
     rows = [draft.row() for draft in drafts]
+    # The batch's counters summed here, carried ones included: one HINCRBY per counter, not
+    # three to five per row (a burst's refusals share theirs).
+    counts = _Counts()
+    counts.give_back(_unrecorded.take())
     for data in rows:
         log.info(
             "Workspace tool request completed",
             extra={k: v for k, v in data.items() if k != "started"},
         )
-    carried = _unrecorded.take()
+        metrics_record(counts, data)
     try:
         # Not a transaction: if the metrics part failed after the XADDs, the fallback below
         # writes the rows once more, and their unique uids keep that from making second rows.
         pipe = client.pipeline(transaction=False)
         for data in rows:
             pipe.xadd(stream_key(), _encode(data), maxlen=STREAM_MAX_ROWS, approximate=True)
-            metrics_record(pipe, data)
-        for name, amount in carried.items():
-            pipe.hincrby(metrics_key(), name, amount)
+        key = metrics_key()
+        for name, amount in counts.fields.items():
+            pipe.hincrby(key, name, amount)
         await pipe.execute()
     except Exception as exc:
-        _unrecorded.give_back(carried)
-        for data in rows:
-            metrics_record(_unrecorded, data)
+        _unrecorded.give_back(counts.fields)
         log.warning(
             "completion stream unavailable; writing the rows to Postgres directly",
             exc_info=not expected_outage(exc),

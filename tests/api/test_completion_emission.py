@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from django.conf import settings
 
-from admission.completion import CompletionDraft, stream_key
+from admission import completion
+from admission.completion import CompletionDraft, completion_emit_many, metrics_key, stream_key
 from admission.connections import async_queue
+from admission.refusals import Refusal
 from api import workspace_tools as views
 
 
@@ -22,7 +25,7 @@ def own_stream(settings: Any) -> Any:
     settings.REDIS_KEY_PREFIX = f"{settings.REDIS_KEY_PREFIX}emit-{uuid.uuid4().hex[:6]}:"
     yield
     with redis.Redis.from_url(settings.ADMISSION_REDIS_URL) as client:
-        client.delete(stream_key())
+        client.delete(stream_key(), metrics_key())
 
 
 def rows_of(uid: str) -> int:
@@ -60,6 +63,116 @@ def test_a_process_about_to_stop_writes_the_rows_not_written_yet() -> None:
         await views.emissions_flush()  # nobody closed the response, the timer has not fired
         emission()
         await views.emissions_flush()
+
+    asyncio.run(run())
+    assert rows_of(draft.uid) == 1
+
+
+def refused_draft(code: str = "WORKER_QUEUE_FULL") -> CompletionDraft:
+    draft = CompletionDraft(operation="read_file", worker_id="w-emit", tenant_hash="t" * 32)
+    draft.answered(429, Refusal(code, "refused"))
+    return draft
+
+
+def one_by_one(drafts: list[CompletionDraft]) -> dict[str, int]:
+    """The counters the rows make when each is recorded by itself."""
+    expected: dict[str, int] = {}
+    for draft in drafts:
+        single = completion._Counts()
+        completion.metrics_record(single, draft.row())
+        for name, amount in single.fields.items():
+            expected[name] = expected.get(name, 0) + amount
+    return expected
+
+
+def counters() -> dict[str, int]:
+    with redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True) as client:
+        return {k: int(v) for k, v in client.hgetall(metrics_key()).items()}
+
+
+def test_a_batch_counts_each_row_once_with_one_increment_per_counter(monkeypatch: Any) -> None:
+    drafts = [refused_draft() for _ in range(5)] + [finished_draft() for _ in range(2)]
+    increments: list[tuple[str, int]] = []
+    real_pipeline = redis.asyncio.Redis.pipeline
+
+    def recording_pipeline(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pipe = real_pipeline(self, *args, **kwargs)
+        real_hincrby = pipe.hincrby
+
+        def hincrby(key: str, name: str, amount: int) -> Any:
+            increments.append((name, amount))
+            return real_hincrby(key, name, amount)
+
+        monkeypatch.setattr(pipe, "hincrby", hincrby)
+        return pipe
+
+    monkeypatch.setattr(redis.asyncio.Redis, "pipeline", recording_pipeline)
+
+    async def run() -> None:
+        await completion_emit_many(drafts, async_queue().client)
+
+    asyncio.run(run())
+    assert all(rows_of(d.uid) == 1 for d in drafts)
+    names = [name for name, _ in increments]
+    assert len(names) == len(set(names))  # one HINCRBY per counter, whatever the batch's size
+    assert counters() == one_by_one(drafts)
+    assert counters()["c||WORKER_QUEUE_FULL"] == 5
+
+
+def test_counters_that_missed_the_hash_ride_along_with_the_next_batch_once() -> None:
+    drafts = [refused_draft("RATE_LIMITED") for _ in range(2)]
+
+    async def run() -> None:
+        completion._unrecorded.hincrby("", "r||rate_limited", 3)  # 3 rows went to Postgres
+        await completion_emit_many(drafts[:1], async_queue().client)
+        await completion_emit_many(drafts[1:], async_queue().client)
+
+    asyncio.run(run())
+    assert counters()["r||rate_limited"] == 3 + 2
+    assert completion._unrecorded.fields == {}
+
+
+def test_rows_emitted_close_together_go_in_one_round_trip(monkeypatch: Any) -> None:
+    """Rows gather for ROW_GATHER_S before one write (here an hour: none goes by itself), and a
+    process about to stop writes what has gathered at once."""
+    monkeypatch.setattr(views, "ROW_GATHER_S", 3600.0)
+    writes: list[int] = []
+    real = views.completion_emit_many
+
+    async def counting(drafts: list[CompletionDraft], client: Any) -> None:
+        writes.append(len(drafts))
+        await real(drafts, client)
+
+    monkeypatch.setattr(views, "completion_emit_many", counting)
+    drafts = [refused_draft() for _ in range(3)]
+
+    async def run() -> None:
+        for draft in drafts:
+            views.emit_row(draft)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert writes == []  # still gathering
+        await views.emissions_flush()
+
+    asyncio.run(run())
+    assert writes == [3]
+    assert all(rows_of(d.uid) == 1 for d in drafts)
+
+
+def test_a_gathered_row_is_written_by_itself_when_its_window_ends(monkeypatch: Any) -> None:
+    draft = refused_draft()
+    real = views.completion_emit_many
+
+    async def run() -> None:
+        written = asyncio.Event()
+
+        async def signalling(drafts: list[CompletionDraft], client: Any) -> None:
+            await real(drafts, client)
+            written.set()
+
+        monkeypatch.setattr(views, "completion_emit_many", signalling)
+        views.emit_row(draft)
+        await asyncio.wait_for(written.wait(), timeout=10)  # nobody flushes: the timer does
 
     asyncio.run(run())
     assert rows_of(draft.uid) == 1
