@@ -33,8 +33,10 @@ for the call pushes the envelope, as before.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,32 +319,60 @@ class AsyncQueue(_Scripts):
         )
         return parse_entered(raw)
 
+    @contextlib.asynccontextmanager
+    async def watching(self, *, worker_id: str, entry_id: str) -> AsyncIterator[asyncio.Event]:
+        """An event set whenever something may have been pushed for this entry from now on
+        (and once at the start, when the process could not confirm its subscription: then the
+        waiter must look for itself). Held from before the entry is entered, it lets `wait`
+        look at the list only when told: a push can only follow the enter."""
+        async with self.waiters.watch(self.keys(worker_id).wake_prefix, entry_id) as woken:
+            yield woken
+
     async def wait(
-        self, *, worker_id: str, entry_id: str, timeout_ms: int
+        self,
+        *,
+        worker_id: str,
+        entry_id: str,
+        timeout_ms: int,
+        woken: asyncio.Event | None = None,
     ) -> dict[str, Any] | None:
-        """Wait until something is pushed for this entry, or the timeout passes (None)."""
+        """Wait until something is pushed for this entry, or the timeout passes (None). With
+        `woken` (from `watching`, entered before the entry was), the list is looked at when the
+        event is set, and once more as the timeout passes; without, a watch of its own is taken
+        and the list looked at first (a push may have come before it)."""
+        if woken is None:
+            async with self.watching(worker_id=worker_id, entry_id=entry_id) as own:
+                own.set()
+                return await self._wait(worker_id, entry_id, timeout_ms, own)
+        return await self._wait(worker_id, entry_id, timeout_ms, woken)
+
+    async def _wait(
+        self, worker_id: str, entry_id: str, timeout_ms: int, woken: asyncio.Event
+    ) -> dict[str, Any] | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_ms, 1) / 1000
-        keys = self.keys(worker_id)
-        async with self.waiters.watch(keys.wake_prefix, entry_id) as woken:
-            while True:
+        while True:
+            if woken.is_set():
                 # Cleared before the look: a notification arriving after it sets the event
                 # again, so none falls between the look and the wait.
                 woken.clear()
                 message = await self.poll(worker_id=worker_id, entry_id=entry_id)
                 if message is not None:
+                    # One look pops one message, but one clear may have covered two pushes
+                    # (a grant and a quick result): the next wait looks first.
+                    woken.set()
                     return message
-                left = deadline - loop.time()
-                if left <= 0:
-                    return None
-                try:
-                    # asyncio.timeout, never wait_for: on Python 3.11 wait_for returns the
-                    # result when the waiter is cancelled in the instant it is woken, and the
-                    # cancel (a client gone away) is lost (tests/admission/test_cancel_race.py).
-                    async with asyncio.timeout(min(left, SAFETY_LOOK_S)):
-                        await woken.wait()
-                except TimeoutError:
-                    continue
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            try:
+                # asyncio.timeout, never wait_for: on Python 3.11 wait_for returns the result
+                # when the waiter is cancelled in the instant it is woken, and the cancel (a
+                # client gone away) is lost (tests/admission/test_cancel_race.py).
+                async with asyncio.timeout(min(left, SAFETY_LOOK_S)):
+                    await woken.wait()
+            except TimeoutError:
+                woken.set()  # the periodic look (a lost notification), and the last one
 
     async def poll(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         raw = await self.client.lpop(self.keys(worker_id).wake(entry_id))

@@ -104,6 +104,9 @@ class Call:
     # Called once the call is in its worker's queue (granted or waiting): its caller's next
     # call may then go through admission (api/burst.py's gate).
     on_entered: Callable[[], None] | None = None
+    # Set whenever a push for this call may have come (AsyncQueue.watching, from before it
+    # entered); None: each wait watches for itself and looks first.
+    woken: asyncio.Event | None = None
     # The policy its admission was decided under, once read.
     policy: Policy | None = None
 
@@ -191,6 +194,7 @@ async def _wait_for_grant(
             worker_id=call.worker_id,
             entry_id=call.entry_id,
             timeout_ms=min(left_ms, SAFETY_RECHECK_MS),
+            woken=call.woken,
         )
         if message is not None:
             return _granted_or_raise(call, message)
@@ -249,7 +253,10 @@ async def _wait_for_result(
     """Wait for the worker's settlement until the exec deadline. Past that, the outcome is unknown."""
     left_ms = int((deadline - clock.monotonic()) * 1000) + SETTLE_GRACE_MS
     message = await queue.wait(
-        worker_id=call.worker_id, entry_id=call.entry_id, timeout_ms=max(left_ms, 1)
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        timeout_ms=max(left_ms, 1),
+        woken=call.woken,
     )
     if message is None and not await queue.release(
         worker_id=call.worker_id,
@@ -438,9 +445,13 @@ async def call_execute(
                     raise DurableExists(worker_id=bound[0], entry_id=bound[1])
                 raise refusals.request_id_taken()
             call.request_id_claimed = True
-        return await _admitted_call(
-            call, queue, policy, target, queue_ms, exec_ms, queue_deadline, clock
-        )
+        # Watched from before it enters: its waits then look at its wake list only when a push
+        # is announced (no look right after entering, nor after its grant).
+        async with queue.watching(worker_id=call.worker_id, entry_id=call.entry_id) as woken:
+            call.woken = woken
+            return await _admitted_call(
+                call, queue, policy, target, queue_ms, exec_ms, queue_deadline, clock
+            )
     except refusals.Refusal as refusal:
         draft.refused(refusal)
         raise

@@ -176,6 +176,10 @@ class WakeReader:
         ch.waiters.setdefault(entry_id, set()).add(event)
         try:
             await self._subscribed(channel, ch)
+            if ch.subscribed is None or not ch.subscribed.done():
+                # Not confirmed (a reconnecting subscriber): a push may go unannounced, so the
+                # waiter looks at its list at once, and then every SAFETY_LOOK_S.
+                event.set()
             yield event
         finally:
             events = ch.waiters.get(entry_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -12,6 +13,7 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
+from admission import queue as queue_module
 from admission.queue import AsyncQueue, SyncQueue
 
 W = "w1"
@@ -190,3 +192,80 @@ def test_a_push_during_a_reader_reconnect_still_wakes_its_waiter(
 
 class _Empty:
     waiters: dict[str, Any] = {}
+
+
+def _announce(sync_redis: redis.Redis, q: AsyncQueue, entry_id: str, message: Any) -> None:
+    """A push as the scripts make it (_common.lua push_wake): the list, then the announcement."""
+    keys = q.keys(W)
+    sync_redis.rpush(keys.wake(entry_id), json.dumps(message))
+    try:
+        sync_redis.execute_command("SPUBLISH", keys.wake_prefix, entry_id)
+    except redis.ResponseError:  # Redis 6.2: plain pub/sub
+        sync_redis.publish(keys.wake_prefix, entry_id)
+
+
+def test_a_watch_held_from_before_sees_two_pushes_announced_before_its_first_look(
+    sync_redis: redis.Redis, redis_prefix: str, monkeypatch: Any
+) -> None:
+    """A grant and a quick result can both be announced before the waiter looks: one clear
+    then covers two pushes, and the second wait must still look (not wait for a periodic
+    look, here an hour away)."""
+    monkeypatch.setattr(queue_module, "SAFETY_LOOK_S", 3600.0)
+
+    async def scenario(q: AsyncQueue, _name: str) -> list[Any]:
+        async with (
+            q.watching(worker_id=W, entry_id="b") as woken,
+            q.watching(worker_id=W, entry_id="z") as last,
+        ):
+            last.clear()  # in case the subscription's confirmation woke it
+            _announce(sync_redis, q, "b", {"t": "grant"})
+            _announce(sync_redis, q, "b", {"t": "result"})
+            _announce(sync_redis, q, "z", {"t": "marker"})
+            # Announcements arrive in order: once z's is in, both of b's are.
+            async with asyncio.timeout(10):
+                await last.wait()
+            assert woken.is_set()
+            got = []
+            async with asyncio.timeout(10):
+                for _ in range(2):
+                    got.append(
+                        await q.wait(worker_id=W, entry_id="b", timeout_ms=60_000, woken=woken)
+                    )
+            return got
+
+    assert run(scenario, redis_prefix) == [{"t": "grant"}, {"t": "result"}]
+
+
+def test_a_watched_wait_looks_at_its_list_only_when_told_and_at_its_end(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    """Held from before the entry, a watch spares the look right after entering (a round trip
+    per wait); a wait without one looks first, since a push may have come before it."""
+
+    async def scenario(q: AsyncQueue, _name: str) -> tuple[int, int, Any]:
+        looks = 0
+        real_poll = q.poll
+
+        async def counted(**kwargs: Any) -> Any:
+            nonlocal looks
+            looks += 1
+            return await real_poll(**kwargs)
+
+        q.poll = counted  # type: ignore[method-assign]
+        async with q.watching(worker_id=W, entry_id="quiet") as woken:
+            woken.clear()  # the subscription's confirmation wakes every watch once
+            assert await q.wait(worker_id=W, entry_id="quiet", timeout_ms=100, woken=woken) is None
+            watched = looks
+            looks = 0
+            assert await q.wait(worker_id=W, entry_id="quiet", timeout_ms=100) is None
+            unwatched = looks
+            _announce(sync_redis, q, "quiet", {"t": "grant"})
+            async with asyncio.timeout(10):
+                message = await q.wait(
+                    worker_id=W, entry_id="quiet", timeout_ms=60_000, woken=woken
+                )
+        return watched, unwatched, message
+
+    watched, unwatched, message = run(scenario, redis_prefix)
+    assert (watched, unwatched) == (1, 2)  # the last look at the deadline; plus the first
+    assert message == {"t": "grant"}
