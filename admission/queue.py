@@ -362,9 +362,12 @@ class AsyncQueue(_Scripts):
                     # (a grant and a quick result): the next wait looks first.
                     woken.set()
                     return message
+                if loop.time() >= deadline:
+                    return None  # nothing, by a look made as the time ran out
             left = deadline - loop.time()
             if left <= 0:
-                return None
+                woken.set()  # the last look, before giving up
+                continue
             try:
                 # asyncio.timeout, never wait_for: on Python 3.11 wait_for returns the result
                 # when the waiter is cancelled in the instant it is woken, and the cancel (a
@@ -372,7 +375,7 @@ class AsyncQueue(_Scripts):
                 async with asyncio.timeout(min(left, SAFETY_LOOK_S)):
                     await woken.wait()
             except TimeoutError:
-                woken.set()  # the periodic look (a lost notification), and the last one
+                woken.set()  # the periodic look (a lost notification), or the last one
 
     async def poll(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         raw = await self.client.lpop(self.keys(worker_id).wake(entry_id))

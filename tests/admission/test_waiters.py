@@ -269,3 +269,33 @@ def test_a_watched_wait_looks_at_its_list_only_when_told_and_at_its_end(
     watched, unwatched, message = run(scenario, redis_prefix)
     assert (watched, unwatched) == (1, 2)  # the last look at the deadline; plus the first
     assert message == {"t": "grant"}
+
+
+def test_a_watched_wait_whose_time_ran_out_before_it_started_still_looks_once(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    """None means "nothing by a look made as the time ran out", however late the wait began."""
+
+    async def scenario(q: AsyncQueue, _name: str) -> Any:
+        async with q.watching(worker_id=W, entry_id="late") as woken:
+            _announce(sync_redis, q, "late", {"t": "grant"})
+            await _until(woken.is_set)  # the announcement is in
+            woken.clear()  # as if a look had taken it and a second push went unannounced
+            loop = asyncio.get_running_loop()
+            real_time = loop.time
+            reads = 0
+
+            def late() -> float:
+                # The deadline is reckoned from the first reading; by the next the loop has
+                # fallen an hour behind (a swamped process).
+                nonlocal reads
+                reads += 1
+                return real_time() + (0 if reads == 1 else 3600)
+
+            loop.time = late  # type: ignore[method-assign]
+            try:
+                return await q.wait(worker_id=W, entry_id="late", timeout_ms=1, woken=woken)
+            finally:
+                loop.time = real_time  # type: ignore[method-assign]
+
+    assert run(scenario, redis_prefix) == {"t": "grant"}
