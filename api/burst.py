@@ -92,10 +92,12 @@ class Gate:
             if turn.done() and not turn.cancelled():
                 self._leave(credential)  # handed a place just as it was cancelled: passed on
             else:
-                line = self._waiting[credential]
-                line.remove(turn)
-                if not line:
-                    del self._waiting[credential]
+                # Still in line, unless a release already dropped it there as cancelled.
+                line = self._waiting.get(credential)
+                if line is not None and turn in line:
+                    line.remove(turn)
+                    if not line:
+                        del self._waiting[credential]
             raise
         return Passage(self, credential)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from django.http import HttpResponse
 
 from admission import refusals
@@ -65,6 +66,23 @@ def test_a_call_cancelled_as_it_is_handed_a_place_passes_the_place_on() -> None:
         assert gate.passing(b"a") == 1
         passage.release()
         assert gate.passing(b"a") == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_call_cancelled_in_line_and_dropped_by_a_release_before_it_runs_leaves_quietly() -> None:
+    async def scenario() -> None:
+        gate = Gate(lambda: 1)
+        holder = await gate.enter(b"a")
+        waiter = asyncio.create_task(gate.enter(b"a"))
+        await asyncio.sleep(0)
+        waiter.cancel()  # its turn is cancelled at once; its own code runs at its next step
+        holder.release()  # drops the cancelled turn, and the line with it
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert gate.passing(b"a") == 0 and gate.waiting(b"a") == 0
+        again = await asyncio.wait_for(gate.enter(b"a"), 1)
+        again.release()
 
     asyncio.run(scenario())
 
