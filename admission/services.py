@@ -104,6 +104,14 @@ class Call:
     # Called once the call is in its worker's queue (granted or waiting): its caller's next
     # call may then go through admission (api/burst.py's gate).
     on_entered: Callable[[], None] | None = None
+    # Told the policy the call's admission is decided under, as soon as it is read (the edge
+    # learns the worker's queue limit from it).
+    on_policy: Callable[[Policy], None] | None = None
+    # Set by the edge when the call arrived with this many calls of its caller to its worker
+    # already in flight in this process, each holding or about to take a place in its queue:
+    # at or past the queue limit, it is refused as a full queue where it would enter, without
+    # entering (the queue is full by the time its turn comes).
+    in_flight_ahead: int | None = None
     # Set whenever a push for this call may have come (AsyncQueue.watching, from before it
     # entered); None: each wait watches for itself and looks first.
     woken: asyncio.Event | None = None
@@ -387,6 +395,10 @@ def workspace_offer_tokens(
     )
 
 
+# How long the answer to a call beyond its queue's limit (Call.in_flight_ahead) holds.
+BEYOND_HOLD_S = 1.0
+
+
 def call_budgets(request: dict[str, Any], header_ms: int, policy: Policy) -> tuple[int, int]:
     """(queue budget, exec budget) in ms: what the call may wait, and then run."""
     return (
@@ -413,6 +425,8 @@ async def call_execute(
         policy = call.policy = await apolicy_for(
             worker_id=call.worker_id, tenant_id=call.caller.tenant_id
         )
+        if call.on_policy is not None:
+            call.on_policy(policy)
         queue_ms, exec_ms = call_budgets(call.request, call.queue_wait_header_ms, policy)
         draft.describe(
             deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
@@ -445,6 +459,16 @@ async def call_execute(
                     raise DurableExists(worker_id=bound[0], entry_id=bound[1])
                 raise refusals.request_id_taken()
             call.request_id_claimed = True
+        if call.in_flight_ahead is not None and call.in_flight_ahead >= policy.worker_queue_limit:
+            # Its caller's calls ahead of it in this process fill the queue (running ones
+            # count): the queue is full by the time its turn comes. The edge gives this answer
+            # to the next calls that arrive beyond the limit (each checked on arrival) for up
+            # to BEYOND_HOLD_S, the whole second of its rate-limit headers.
+            raise refusals.queue_full(
+                call.worker_id,
+                policy.worker_queue_limit,
+                holds_until=clock.monotonic() + BEYOND_HOLD_S,
+            )
         # Watched from before it enters: its waits then look at its wake list only when a push
         # is announced (no look right after entering, nor after its grant).
         async with queue.watching(worker_id=call.worker_id, entry_id=call.entry_id) as woken:

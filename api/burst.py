@@ -21,6 +21,18 @@ Django makes a request of it:
   Django's request, view or response, DRF, Redis or Postgres. Such an answer costs the event
   loop about what uvicorn itself spends on the connection (docs/benchmarks.md).
 
+* **The lines.** Per credential and worker, the process counts its calls from their arrival
+  to their answer (`Lines`): waiting at the gate, in admission, queued or running, each holds
+  or is about to take a place in that worker's queue, whose limit counts running calls too.
+  A call that arrives when that count has reached the limit (as the view last read it for the
+  line) is past the queue by the time its turn would come: it does not wait at the gate. The
+  first such call is answered by the view, which refuses it WORKER_QUEUE_FULL where it would
+  enter, without entering (`Call.in_flight_ahead`, checked against the policy it reads then);
+  the next ones that arrive past the limit within a second get that answer from memory (a
+  memory of their own: the calls ahead are never refused by it). So a burst's refusals leave
+  as its calls are read, not after the calls ahead have gone through admission (31 view
+  passes of 2.5 ms each for a queue of 32).
+
 A POST past the process's or its credential's share of calls in flight (config/asgi.py) is
 answered the same way once the view has answered one: the edge decides the overload, the
 answer's bytes are the view's (they name no caller), the row is the call's own.
@@ -53,10 +65,12 @@ from django.utils.http import parse_header_parameters
 
 from admission import deadlines, refusals, shutdown
 from admission.completion import CompletionDraft
+from admission.policy import Policy
 from admission.services import call_budgets, isolation_key_hash
 from api.workspace_tools import (
-    ON_ENTERED,
+    PASSING,
     Holding,
+    Passing,
     ReadCall,
     declared_too_large,
     describe_headers,
@@ -190,16 +204,18 @@ class Memo:
             return remembered
         return None
 
-    async def recall(self, key: MemoKey) -> Remembered | None:
+    async def recall(self, key: MemoKey, *, refusal_expected: bool = False) -> Remembered | None:
         """The refusal that holds for `key`, or None: then the caller asks the view, `learn`s
-        its answer and says when it has `asked`."""
+        its answer and says when it has `asked`. `refusal_expected`: the caller's answer is
+        known to be a refusal, so even with nothing learned yet for `key` the others wait for
+        what it learns."""
         while True:
             remembered = self.holding(key)
             if remembered is not None:
                 return remembered
             asked = self.asking.get(key)
             if asked is None:
-                if key in self.held:
+                if key in self.held or refusal_expected:
                     # Ran out: this call asks again; the next ones wait for what it learns.
                     self.asking[key] = asyncio.get_running_loop().create_future()
                 return None
@@ -236,6 +252,8 @@ class Memo:
 
 GATE = Gate(lambda: settings.SLUICE_ADMITTING_PER_KEY)
 MEMO = Memo()
+# The answers of calls that arrived beyond their queue's limit (`Lines`), for the next such.
+BEYOND = Memo()
 
 
 def read_at_edge(scope: dict[str, Any], body: bytes) -> ReadCall | None:
@@ -356,36 +374,110 @@ async def through(
     """The call's answer, once through its credential's gate: from memory when a refusal of
     its kind holds (its row written), else from `view`. `read` is the edge's reading of the
     call (None: it could not read it, and the view will); `abandoned` writes the row of a call
-    whose client went away before the view saw it."""
+    whose client went away before the view saw it.
+
+    A call that arrives with its credential's calls to its worker in flight here already at
+    that worker's queue limit (`LINES`) does not wait its turn at the gate: its answer is a
+    full queue (those calls hold, or will take, every place), given from memory or, once a
+    moment, by the view, which refuses it where it would enter (Call.in_flight_ahead)."""
     key = _memo_key(read, credential)
+    ahead = LINES.beyond(key, read)
+    # A call beyond its queue's limit is answered by what such a call was answered, never by
+    # the refusals the others remember (nor they by its): its refusal holds only for it.
+    memo = MEMO if ahead is None else BEYOND
     viewed = False
+    passage: Passage | None = None
+    LINES.arrived(key)
     try:
-        passage = await GATE.enter(credential)
-    except asyncio.CancelledError:
-        _abandoned(read, abandoned)  # gone while it waited for its turn: its row says so
-        raise
-    try:
-        remembered = await MEMO.recall(key) if key is not None else None
+        try:
+            if ahead is None:
+                passage = await GATE.enter(credential)
+            remembered = await memo.recall(key, refusal_expected=memo is BEYOND) if key else None
+        except asyncio.CancelledError:
+            _abandoned(read, abandoned)  # gone while it waited for its turn: its row says so
+            raise
         if remembered is not None and read is not None and _applies(remembered, read):
             _replayed(remembered, read)
             return remembered.answer
         viewed = True
-        token = ON_ENTERED.set(passage.release)
+        # Whether the calls of its key wait for this one's answer (made so just now, by recall).
+        asking = key is not None and key in memo.asking
+
+        def entered() -> None:
+            if passage is not None:
+                passage.release()
+            if asking and key is not None:
+                # Not a refusal: they go on now, not after the whole of this call.
+                memo.asked(key)
+
+        token = PASSING.set(
+            Passing(
+                entered=entered,
+                decided=lambda policy: LINES.decided(key, policy),
+                in_flight_ahead=ahead,
+            )
+        )
         try:
             response = await view()
         finally:
-            ON_ENTERED.reset(token)
+            PASSING.reset(token)
         if key is not None:
-            MEMO.learn(key, response)
+            memo.learn(key, response)
         return response
-    except asyncio.CancelledError:
-        if not viewed:
-            _abandoned(read, abandoned)
-        raise
     finally:
-        passage.release()
+        LINES.left(key)
+        if passage is not None:
+            passage.release()
         if viewed and key is not None:
-            MEMO.asked(key)
+            memo.asked(key)
+
+
+class Lines:
+    """Per credential and worker header: this process's calls in `through` (waiting their turn,
+    in admission, queued or running: each holds, or is about to take, a place in the worker's
+    queue), and that worker's queue limit as the view last read it for the credential."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[tuple[bytes, str], int] = {}
+        self.limits: dict[tuple[bytes, str], int] = {}
+
+    def beyond(self, key: MemoKey | None, read: ReadCall | None) -> int | None:
+        """How many calls are ahead of this one, when they reach its queue's limit (else None:
+        it goes through the gate). Not for a call the view could answer before its queue (a
+        request id, an instance binding), nor when no limit is known for its line yet."""
+        if key is None or read is None or read.parsed is None:
+            return None
+        if read.parsed.request_id is not None or read.parsed.body.get("workspaceInstanceId"):
+            return None
+        line = key[:2]
+        limit = self.limits.get(line)
+        ahead = self.in_flight.get(line, 0)
+        return ahead if limit is not None and ahead >= limit else None
+
+    def arrived(self, key: MemoKey | None) -> None:
+        if key is not None:
+            line = key[:2]
+            self.in_flight[line] = self.in_flight.get(line, 0) + 1
+
+    def left(self, key: MemoKey | None) -> None:
+        if key is not None:
+            line = key[:2]
+            left = self.in_flight[line] - 1
+            if left:
+                self.in_flight[line] = left
+            else:
+                del self.in_flight[line]
+
+    def decided(self, key: MemoKey | None, policy: Policy) -> None:
+        if key is None:
+            return
+        line = key[:2]
+        if line not in self.limits and len(self.limits) >= MEMO_MAX:
+            del self.limits[next(iter(self.limits))]  # the oldest
+        self.limits[line] = policy.worker_queue_limit
+
+
+LINES = Lines()
 
 
 def _abandoned(read: ReadCall | None, otherwise: Callable[[], None]) -> None:

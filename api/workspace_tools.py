@@ -119,9 +119,20 @@ class ReadCall:
 # the body is parsed once and the call's life counts from its arrival, before its turn at its
 # credential's gate.
 READ_AT_EDGE = "sluice.read_at_edge"
-# Called once the call is in its worker's queue: set by the edge for the view it starts.
-ON_ENTERED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
-    "sluice_on_entered", default=None
+
+
+@dataclass(frozen=True)
+class Passing:
+    """What the edge (api/burst.py) gives the view it starts for a call from its credential's
+    gate: see Call.on_entered, Call.on_policy and Call.in_flight_ahead."""
+
+    entered: Callable[[], None]
+    decided: Callable[[Policy], None]
+    in_flight_ahead: int | None = None
+
+
+PASSING: contextvars.ContextVar[Passing | None] = contextvars.ContextVar(
+    "sluice_passing", default=None
 )
 
 
@@ -346,6 +357,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         if self.resolved.worker_id is None:
             raise refusals.no_worker_selected()
         self.draft.describe(worker_id=self.resolved.worker_id)
+        passing = PASSING.get()
         self.call = Call(
             caller=caller,
             request=self.parsed.body,
@@ -355,7 +367,9 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             draft=self.draft,
             target=self.resolved.target,
             refresh_target=self.refresh_target,
-            on_entered=ON_ENTERED.get(),
+            on_entered=passing.entered if passing else None,
+            on_policy=passing.decided if passing else None,
+            in_flight_ahead=passing.in_flight_ahead if passing else None,
         )
         result = await call_execute(
             self.call,

@@ -287,9 +287,11 @@ def main() -> int:
     try:
         import httpx
 
-        # Warm both paths (caches, connections) before "before" is measured.
-        for h in (owner_h, other_h):
-            httpx.post(apis[0].url + EXECUTE, json=read(), headers=h, timeout=60)
+        # Warm both paths (caches, connections) in every API process before "before" is
+        # measured, as a deployment's processes are once it has served for a moment.
+        for api in apis:
+            for h in (owner_h, other_h):
+                httpx.post(api.url + EXECUTE, json=read(), headers=h, timeout=60)
         rss_before = {pid: rss_bytes(pid) for pid in pids}
         conns_before = api_connections(sync, pids)
         # The burst's worker has one slot; a long command holds it, so the burst queues.

@@ -231,3 +231,117 @@ def test_an_overloaded_call_gets_the_views_answer_from_the_edge(
     assert _without(rows[0], varying) == _without(rows[1], varying)
     assert rows[1]["worker_id"] == owner.worker_id
     assert rows[1]["request_id"] == "req-0123456789abcdef"
+
+
+def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_entered(
+    transactional_db: None,
+    account_factory: Any,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
+) -> None:
+    """A burst's calls past its worker's queue limit get their 429 WORKER_QUEUE_FULL at once,
+    from one answer of the view, while the calls ahead of them still wait for their turn to
+    enter (here: their queue script held back); those ahead are not refused by it."""
+    from django.test import Client
+
+    from admission import connections
+    from admission.queue import AsyncQueue
+
+    # The registration below makes this process's sync queue: under this test's prefix, and
+    # forgotten after it (later tests' revocations would mark keys under this prefix).
+    monkeypatch.setattr(connections, "_sync", None)
+    owner = account_factory()
+    policy_update({"WORKER_QUEUE_LIMIT": "3"})
+    settings.SLUICE_ADMITTING_PER_KEY = 1  # the calls ahead go through admission one by one
+    registered = Client().post(
+        "/v1/workers/register",
+        {
+            "workerId": owner.worker_id,
+            "workspaces": [{"workspaceId": "repo", "operations": ["read_file"]}],
+            "slots": 1,
+        },
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {owner.worker_token}",
+    )
+    assert registered.status_code == 200, registered.content
+    body = json.dumps(BODY).encode()
+    headers = _headers(
+        body, authorization=f"Bearer {owner.api_key}", x_librechat_code_worker_id=owner.worker_id
+    )
+    entering: list[str] = []
+    real_enter = AsyncQueue.enter
+    viewed: list[int] = []
+    run_view = application.run_get_response
+
+    async def counting(request: Any) -> Any:
+        viewed.append(1)
+        return await run_view(request)
+
+    async def scenario() -> tuple[list[list[dict[str, Any]]], int, int]:
+        let_in, gone, one_more = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def held_enter(self: AsyncQueue, **kw: Any) -> Any:
+            entering.append(kw["entry_id"])
+            one_more.set()
+            await let_in.wait()
+            return await real_enter(self, **kw)
+
+        monkeypatch.setattr(AsyncQueue, "enter", held_enter)
+
+        async def call() -> list[dict[str, Any]]:
+            sent: list[dict[str, Any]] = []
+            given = False
+
+            async def receive() -> dict[str, Any]:
+                nonlocal given
+                if not given:
+                    given = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                await gone.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            await application(asgi_scope(headers, path=EXECUTE), receive, send)
+            return sent
+
+        async def entries(n: int) -> None:
+            while len(entering) < n:
+                one_more.clear()
+                await one_more.wait()
+
+        # The first call reads the policy (the queue limit) and waits at its enter.
+        first = asyncio.create_task(call())
+        await asyncio.wait_for(entries(1), 30)
+        ahead = [first] + [asyncio.create_task(call()) for _ in range(2)]
+        await asyncio.sleep(0)
+        views_ahead = len(viewed)
+        # Three of the credential's calls in flight: the next five are beyond the limit.
+        beyond = await asyncio.wait_for(asyncio.gather(*(call() for _ in range(5))), 30)
+        entered_meanwhile = len(entering)
+        viewed_for_beyond = len(viewed) - views_ahead
+        let_in.set()
+        # The calls ahead enter (one granted, two waiting): not refused by what the others got.
+        await asyncio.wait_for(entries(3), 30)
+        gone.set()
+        await asyncio.wait_for(asyncio.gather(*ahead), 30)
+        await emissions_flush()
+        return beyond, entered_meanwhile, viewed_for_beyond
+
+    caplog.set_level(logging.INFO, logger="sluice.completion")
+    application.run_get_response = counting  # type: ignore[method-assign]
+    try:
+        beyond, entered_meanwhile, viewed_for_beyond = asyncio.run(scenario())
+    finally:
+        del application.run_get_response
+    assert entered_meanwhile == 1  # refused while the calls ahead had not entered
+    assert viewed_for_beyond == 1  # one view answered; the other four from memory
+    assert all(sent[0]["status"] == 429 for sent in beyond)
+    assert all(json.loads(sent[1]["body"])["code"] == "WORKER_QUEUE_FULL" for sent in beyond)
+    assert all(sent == beyond[0] for sent in beyond[1:])
+    rows = [r for r in caplog.records if r.msg == "Workspace tool request completed"]
+    codes = sorted(str(getattr(r, "code", "")) for r in rows)
+    assert codes.count("WORKER_QUEUE_FULL") == 5
+    assert "WORKER_QUEUE_FULL" not in {getattr(r, "code", "") for r in rows[-3:]}

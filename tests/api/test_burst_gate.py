@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.http import HttpResponse
 
 from admission import refusals
-from api.burst import Gate, Memo
+from api.burst import Gate, Lines, Memo
 from api.workspace_tools import Holding
 
 
@@ -108,3 +109,53 @@ def test_a_refusal_is_recalled_until_it_runs_out_then_one_call_asks_again() -> N
         assert key not in memo.held
 
     asyncio.run(scenario())
+
+
+def test_a_call_expected_refused_asks_first_and_the_others_wait_for_its_answer() -> None:
+    now = [100.0]
+
+    async def scenario() -> None:
+        memo = Memo(now=lambda: now[0])
+        key = (b"a", "w", "read_file")
+        # Nothing learned for the key: an ordinary call asks, and nobody waits for it.
+        assert await memo.recall(key) is None and key not in memo.asking
+        # A call whose answer is known to be a refusal asks, and the next such wait for it.
+        assert await memo.recall(key, refusal_expected=True) is None
+        waiting = asyncio.create_task(memo.recall(key, refusal_expected=True))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        memo.learn(key, _holding(until=101.0))
+        memo.asked(key)
+        assert await asyncio.wait_for(waiting, 1) is not None
+
+    asyncio.run(scenario())
+
+
+def _read(request_id: str | None = None, **body: Any) -> Any:
+    """A ReadCall as the edge makes it, for Lines (which looks at the parsed request only)."""
+    parsed = SimpleNamespace(request_id=request_id, body={"workspaceId": "repo", **body})
+    return SimpleNamespace(parsed=parsed)
+
+
+def test_lines_tell_a_call_beyond_its_queue_limit_once_the_limit_is_known() -> None:
+    lines = Lines()
+    key = (b"a", "w", "read_file")
+    other_op, other_worker = (b"a", "w", "execute_command"), (b"a", "w2", "read_file")
+    policy: Any = SimpleNamespace(worker_queue_limit=2)
+    for _ in range(3):
+        lines.arrived(key)
+    assert lines.beyond(key, _read()) is None  # no limit read for the line yet
+    lines.decided(key, policy)
+    assert lines.beyond(key, _read()) == 3
+    # A line is the credential and the worker, whatever the operation.
+    assert lines.beyond(other_op, _read()) == 3
+    assert lines.beyond(other_worker, _read()) is None
+    # The view answers these before the queue: never taken as beyond.
+    assert lines.beyond(key, _read(request_id="req-0123456789abcdef")) is None
+    assert lines.beyond(key, _read(workspaceInstanceId="inst-1")) is None
+    lines.left(key)
+    assert lines.beyond(key, _read()) == 2
+    lines.left(key)
+    assert lines.beyond(key, _read()) is None  # one ahead, under the limit of two
+    lines.left(key)
+    assert lines.in_flight == {}
