@@ -118,8 +118,11 @@ def test_the_edge_leaves_to_django_what_it_could_read_otherwise(
     assert burst.read_at_edge(scope, body) is None
 
 
-async def _call(headers: list[tuple[bytes, bytes]], body: bytes) -> list[dict[str, Any]]:
-    """One POST through the real ASGI application: the messages it sent."""
+async def _call(
+    headers: list[tuple[bytes, bytes]], body: bytes, gone: asyncio.Event | None = None
+) -> list[dict[str, Any]]:
+    """One POST through the real ASGI application: the messages it sent. The client stays
+    until its answer, or until `gone` is set: then it goes away."""
     sent: list[dict[str, Any]] = []
     received = False
 
@@ -128,8 +131,11 @@ async def _call(headers: list[tuple[bytes, bytes]], body: bytes) -> list[dict[st
         if not received:
             received = True
             return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.sleep(3600)  # the client stays until its answer
-        raise AssertionError
+        if gone is None:
+            await asyncio.sleep(3600)
+            raise AssertionError
+        await gone.wait()
+        return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
@@ -289,23 +295,8 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
 
         monkeypatch.setattr(AsyncQueue, "enter", held_enter)
 
-        async def call() -> list[dict[str, Any]]:
-            sent: list[dict[str, Any]] = []
-            given = False
-
-            async def receive() -> dict[str, Any]:
-                nonlocal given
-                if not given:
-                    given = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                await gone.wait()
-                return {"type": "http.disconnect"}
-
-            async def send(message: dict[str, Any]) -> None:
-                sent.append(message)
-
-            await application(asgi_scope(headers, path=EXECUTE), receive, send)
-            return sent
+        def call() -> Any:
+            return _call(headers, body, gone)
 
         async def entries(n: int) -> None:
             while len(entering) < n:
