@@ -109,8 +109,9 @@ class Call:
     on_policy: Callable[[Policy], None] | None = None
     # Set by the edge when the call arrived with this many calls of its caller to its worker
     # already in flight in this process, each holding or about to take a place in its queue:
-    # at or past the queue limit, it is refused as a full queue where it would enter, without
-    # entering (the queue is full by the time its turn comes).
+    # at or past the queue limit, it is refused as a full queue once its policy is read,
+    # taking no rate-limit unit and never entering (the queue is full by the time its turn
+    # would come).
     in_flight_ahead: int | None = None
     # Set whenever a push for this call may have come (AsyncQueue.watching, from before it
     # entered); None: each wait watches for itself and looks first.
@@ -432,6 +433,17 @@ async def call_execute(
             deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
         )
         queue_deadline = draft.started_monotonic + queue_ms / 1000
+        if call.in_flight_ahead is not None and call.in_flight_ahead >= policy.worker_queue_limit:
+            # Its caller's calls ahead of it in this process fill the queue (running ones
+            # count): the queue is full by the time its turn comes. Refused before its rate
+            # limit (it takes no unit, as the edge's answer to such a call takes none), which
+            # the edge gives the next calls that arrive beyond the limit (each checked on
+            # arrival) for up to BEYOND_HOLD_S.
+            raise refusals.queue_full(
+                call.worker_id,
+                policy.worker_queue_limit,
+                holds_until=clock.monotonic() + BEYOND_HOLD_S,
+            )
         await _rate_limit(call, policy, limiter, clock)
         if call.target is not None and not call.target.incarnation_id:
             # Offline as this process last saw it: a worker that registered again within the
@@ -459,16 +471,6 @@ async def call_execute(
                     raise DurableExists(worker_id=bound[0], entry_id=bound[1])
                 raise refusals.request_id_taken()
             call.request_id_claimed = True
-        if call.in_flight_ahead is not None and call.in_flight_ahead >= policy.worker_queue_limit:
-            # Its caller's calls ahead of it in this process fill the queue (running ones
-            # count): the queue is full by the time its turn comes. The edge gives this answer
-            # to the next calls that arrive beyond the limit (each checked on arrival) for up
-            # to BEYOND_HOLD_S, the whole second of its rate-limit headers.
-            raise refusals.queue_full(
-                call.worker_id,
-                policy.worker_queue_limit,
-                holds_until=clock.monotonic() + BEYOND_HOLD_S,
-            )
         # Watched from before it enters: its waits then look at its wake list only when a push
         # is announced (no look right after entering, nor after its grant).
         async with queue.watching(worker_id=call.worker_id, entry_id=call.entry_id) as woken:

@@ -24,14 +24,20 @@ Django makes a request of it:
 * **The lines.** Per credential and worker, the process counts its calls from their arrival
   to their answer (`Lines`): waiting at the gate, in admission, queued or running, each holds
   or is about to take a place in that worker's queue, whose limit counts running calls too.
-  A call that arrives when that count has reached the limit (as the view last read it for the
-  line) is past the queue by the time its turn would come: it does not wait at the gate. The
-  first such call is answered by the view, which refuses it WORKER_QUEUE_FULL where it would
-  enter, without entering (`Call.in_flight_ahead`, checked against the policy it reads then);
-  the next ones that arrive past the limit within a second get that answer from memory (a
-  memory of their own: the calls ahead are never refused by it). So a burst's refusals leave
-  as its calls are read, not after the calls ahead have gone through admission (31 view
-  passes of 2.5 ms each for a queue of 32).
+  A call that arrives when that count has reached the limit (as a view last read it for the
+  line) is past the queue by the time its turn would come: it does not wait at the gate.
+  When that limit is current (a view read it within the last second, or read it under the
+  policy version some call of this process found within the last second: in a burst, the
+  calls ahead read it as they go through), the call is refused WORKER_QUEUE_FULL as it
+  arrives, with an answer made here as the view makes it (`rendered_refusal`), kept for the
+  next such calls for that second (a memory of their own: the calls ahead are never refused
+  by it). Otherwise (the limit may have changed since) the first such call goes to the
+  view, which reads the policy and refuses it before its rate limit, without entering
+  (`Call.in_flight_ahead`); the next ones wait only until some view of the line has read the
+  policy, then get the answer made here (each re-checked against the limit read). So a burst's refusals leave as its calls
+  are read: not after the calls ahead have gone through admission (31 view passes of 2.5 ms
+  each for a queue of 32), nor after one view pass of their own, which on a loop busy with
+  the burst took 100 ms (each of its awaits waits behind every callback then ready).
 
 A POST past the process's or its credential's share of calls in flight (config/asgi.py) is
 answered the same way once the view has answered one: the edge decides the overload, the
@@ -65,8 +71,8 @@ from django.utils.http import parse_header_parameters
 
 from admission import deadlines, refusals, shutdown
 from admission.completion import CompletionDraft
-from admission.policy import Policy
-from admission.services import call_budgets, isolation_key_hash
+from admission.policy import Policy, version_read, version_seen
+from admission.services import BEYOND_HOLD_S, call_budgets, isolation_key_hash
 from api.workspace_tools import (
     PASSING,
     Holding,
@@ -76,6 +82,7 @@ from api.workspace_tools import (
     describe_headers,
     emit_row,
     read_parts,
+    rendered_refusal,
 )
 
 EXECUTE_PATH = "/v1/workspace-tools/execute"
@@ -228,13 +235,16 @@ class Memo:
             and isinstance(holding, Holding)
             and holding.until > self.now()
         ):
-            if key not in self.held and len(self.held) >= MEMO_MAX:
-                self._forget_expired()
-                if len(self.held) >= MEMO_MAX:
-                    del self.held[next(iter(self.held))]  # the oldest
-            self.held[key] = Remembered(answer=Answer.of(response), holding=holding)
+            self.keep(key, Remembered(answer=Answer.of(response), holding=holding))
         else:
             self.held.pop(key, None)
+
+    def keep(self, key: MemoKey, remembered: Remembered) -> None:
+        if key not in self.held and len(self.held) >= MEMO_MAX:
+            self._forget_expired()
+            if len(self.held) >= MEMO_MAX:
+                del self.held[next(iter(self.held))]  # the oldest
+        self.held[key] = remembered
 
     def asked(self, key: MemoKey) -> None:
         """A call that asked the view for `key` has ended (answered or not): the calls waiting
@@ -358,7 +368,11 @@ def recalled(read: ReadCall, credential: bytes) -> Answer | None:
     (through its gate, to the view). Never waits: a call that arrives while a held refusal is
     being asked again goes to the gate, where it waits for that answer."""
     key = _memo_key(read, credential)
-    remembered = MEMO.holding(key) if key is not None else None
+    if key is None:
+        return None
+    remembered = MEMO.holding(key)
+    if remembered is None and LINES.beyond(key, read) is not None:
+        remembered = LINES.refusal(key)
     if remembered is None or not _applies(remembered, read):
         return None
     _replayed(remembered, read)
@@ -378,8 +392,10 @@ async def through(
 
     A call that arrives with its credential's calls to its worker in flight here already at
     that worker's queue limit (`LINES`) does not wait its turn at the gate: its answer is a
-    full queue (those calls hold, or will take, every place), given from memory or, once a
-    moment, by the view, which refuses it where it would enter (Call.in_flight_ahead)."""
+    full queue (those calls hold, or will take, every place). Made here when the limit is
+    current (the edge's look at its arrival may have come before the calls ahead were counted
+    here); else it waits for an asking call's view to read the policy, or is that call: its
+    view refuses it once the policy is read (Call.in_flight_ahead)."""
     key = _memo_key(read, credential)
     ahead = LINES.beyond(key, read)
     # A call beyond its queue's limit is answered by what such a call was answered, never by
@@ -392,11 +408,22 @@ async def through(
         try:
             if ahead is None:
                 passage = await GATE.enter(credential)
-            remembered = await memo.recall(key, refusal_expected=memo is BEYOND) if key else None
+                remembered = await MEMO.recall(key) if key else None
+            else:
+                # Made here if the limit read is current (the edge's look came before the calls
+                # ahead of this one had reached `through`), else from an asking call's view.
+                assert key is not None
+                remembered = LINES.refusal(key) or await BEYOND.recall(key, refusal_expected=True)
         except asyncio.CancelledError:
             _abandoned(read, abandoned)  # gone while it waited for its turn: its row says so
             raise
-        if remembered is not None and read is not None and _applies(remembered, read):
+        if (
+            remembered is not None
+            and read is not None
+            and _applies(remembered, read)
+            # Beyond its queue's limit still, as the view has read it since (while it waited).
+            and (ahead is None or (key is not None and LINES.still_beyond(key, ahead)))
+        ):
             _replayed(remembered, read)
             return remembered.answer
         viewed = True
@@ -413,7 +440,7 @@ async def through(
         token = PASSING.set(
             Passing(
                 entered=entered,
-                decided=lambda policy: LINES.decided(key, policy),
+                decided=lambda draft, policy: LINES.decided(key, draft, policy),
                 in_flight_ahead=ahead,
             )
         )
@@ -432,14 +459,37 @@ async def through(
             memo.asked(key)
 
 
+@dataclass(frozen=True)
+class Learned:
+    """What a view read for a line when it last decided a call's admission: the policy (the
+    worker's queue limit is in it) and the row facts of the caller and worker, at `at`."""
+
+    policy: Policy
+    tenant_hash: str
+    principal_hash: str
+    worker_id: str
+    at: float
+    # The policy version it was read under (None: unreadable then).
+    version: int | None = None
+
+
 class Lines:
     """Per credential and worker header: this process's calls in `through` (waiting their turn,
     in admission, queued or running: each holds, or is about to take, a place in the worker's
-    queue), and that worker's queue limit as the view last read it for the credential."""
+    queue), and that worker's queue limit as the view last read it for the credential. The
+    answer of a call beyond that limit is kept in `memo` (BEYOND)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        memo: Memo,
+        *,
+        seen: Callable[[], tuple[int, float] | None] = version_seen,
+        read: Callable[[], int | None] = version_read,
+    ) -> None:
+        self.memo = memo
+        self.seen, self.read = seen, read
         self.in_flight: dict[tuple[bytes, str], int] = {}
-        self.limits: dict[tuple[bytes, str], int] = {}
+        self.learned: dict[tuple[bytes, str], Learned] = {}
 
     def beyond(self, key: MemoKey | None, read: ReadCall | None) -> int | None:
         """How many calls are ahead of this one, when they reach its queue's limit (else None:
@@ -449,10 +499,58 @@ class Lines:
             return None
         if read.parsed.request_id is not None or read.parsed.body.get("workspaceInstanceId"):
             return None
-        line = key[:2]
-        limit = self.limits.get(line)
-        ahead = self.in_flight.get(line, 0)
-        return ahead if limit is not None and ahead >= limit else None
+        ahead = self.in_flight.get(key[:2], 0)
+        return ahead if self.still_beyond(key, ahead) else None
+
+    def still_beyond(self, key: MemoKey, ahead: int) -> bool:
+        """Whether `ahead` calls fill the line's queue, by the limit the view read last."""
+        learned = self.learned.get(key[:2])
+        return learned is not None and ahead >= learned.policy.worker_queue_limit
+
+    def refusal(self, key: MemoKey) -> Remembered | None:
+        """The answer of a call beyond its line's limit, without a view: the one held in
+        `memo`, or, while the limit learned is current, a new one (kept for BEYOND_HOLD_S);
+        None: a view must read the policy first (the limit may have changed)."""
+        remembered = self.memo.holding(key)
+        if remembered is None:
+            learned = self.learned.get(key[:2])
+            if learned is not None and self._current(learned):
+                remembered = self._refused(key, learned)
+        return remembered
+
+    def _current(self, learned: Learned) -> bool:
+        """Whether the limit learned is the policy's as of at most BEYOND_HOLD_S ago: read
+        then, or read under the version any call of this process found that recently."""
+        now = self.memo.now()
+        if now - learned.at <= BEYOND_HOLD_S:
+            return True
+        seen = self.seen()
+        return (
+            learned.version is not None
+            and seen is not None
+            and seen[0] == learned.version
+            and now - seen[1] <= BEYOND_HOLD_S
+        )
+
+    def _refused(self, key: MemoKey, learned: Learned) -> Remembered:
+        """What the view answers a call beyond the limit (Call.in_flight_ahead), made here."""
+        refusal = refusals.queue_full(
+            learned.worker_id,
+            learned.policy.worker_queue_limit,
+            holds_until=self.memo.now() + BEYOND_HOLD_S,
+        )
+        remembered = Remembered(
+            answer=Answer.of(rendered_refusal(refusal)),
+            holding=Holding(
+                refusal=refusal,
+                tenant_hash=learned.tenant_hash,
+                principal_hash=learned.principal_hash,
+                worker_id=learned.worker_id,
+                policy=learned.policy,
+            ),
+        )
+        self.memo.keep(key, remembered)
+        return remembered
 
     def arrived(self, key: MemoKey | None) -> None:
         if key is not None:
@@ -468,16 +566,30 @@ class Lines:
             else:
                 del self.in_flight[line]
 
-    def decided(self, key: MemoKey | None, policy: Policy) -> None:
+    def decided(self, key: MemoKey | None, draft: CompletionDraft, policy: Policy) -> None:
+        """A view of the line read its policy. The line's calls beyond the limit that wait for
+        an asking call's answer (nothing fresh was known when they came) get theirs now, not
+        once that call's whole view is done: each looks again (and still checks its count
+        against the limit read here)."""
         if key is None:
             return
         line = key[:2]
-        if line not in self.limits and len(self.limits) >= MEMO_MAX:
-            del self.limits[next(iter(self.limits))]  # the oldest
-        self.limits[line] = policy.worker_queue_limit
+        if line not in self.learned and len(self.learned) >= MEMO_MAX:
+            del self.learned[next(iter(self.learned))]  # the oldest
+        learned = self.learned[line] = Learned(
+            policy=policy,
+            tenant_hash=draft.tenant_hash,
+            principal_hash=draft.principal_hash,
+            worker_id=draft.worker_id,
+            at=self.memo.now(),
+            version=self.read(),
+        )
+        for waited in [k for k in self.memo.asking if k[:2] == line]:
+            self._refused(waited, learned)
+            self.memo.asked(waited)
 
 
-LINES = Lines()
+LINES = Lines(BEYOND)
 
 
 def _abandoned(read: ReadCall | None, otherwise: Callable[[], None]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import io
 import json
 import logging
@@ -59,6 +60,7 @@ from api.errors import (
     status_of,
     unauthenticated,
 )
+from api.headers import API_HEADERS
 from api.schema.answers import (
     BY_REQUEST_ID_CODES,
     EXECUTE_CODES,
@@ -127,7 +129,9 @@ class Passing:
     gate: see Call.on_entered, Call.on_policy and Call.in_flight_ahead."""
 
     entered: Callable[[], None]
-    decided: Callable[[Policy], None]
+    # The policy the call's admission is decided under, with the call's draft (its caller and
+    # worker named): told as soon as the policy is read.
+    decided: Callable[[CompletionDraft, Policy], None]
     in_flight_ahead: int | None = None
 
 
@@ -150,6 +154,28 @@ class CompletionResponse(Response):
             if self.emission is not None:
                 loop = self.emission.loop
                 loop.call_soon_threadsafe(self.emission)
+
+
+def rendered_refusal(refusal: Refusal) -> Response:
+    """A refusal as the execute view answers a call that took no rate-limit unit (so carries
+    no budget headers), in plain JSON (the edge answers only such calls: api/burst.py): the
+    same status, headers and body (tests/api/test_burst_edge.py compares them)."""
+    # The view's renderers and methods are its class's: no instance of its own (which opens a
+    # queue on the running loop) is needed for them.
+    view = object.__new__(WorkspaceToolsExecuteApi)
+    response = Response(
+        refusal_body(refusal), status=status_of(refusal), headers=refusal_headers(refusal)
+    )
+    renderer = view.get_renderers()[0]
+    response.accepted_renderer = renderer
+    response.accepted_media_type = renderer.media_type
+    response.renderer_context = {}  # type: ignore[attr-defined]  # set so by DRF's finalize
+    for name, value in view.default_response_headers.items():  # as DRF's finalize_response
+        response[name] = value
+    response.render()
+    for name, value in API_HEADERS.items():  # as config/middleware.py
+        response.setdefault(name, value)
+    return response
 
 
 @dataclass
@@ -368,7 +394,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             target=self.resolved.target,
             refresh_target=self.refresh_target,
             on_entered=passing.entered if passing else None,
-            on_policy=passing.decided if passing else None,
+            on_policy=functools.partial(passing.decided, self.draft) if passing else None,
             in_flight_ahead=passing.in_flight_ahead if passing else None,
         )
         result = await call_execute(

@@ -16,13 +16,9 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import Resolver404, resolve
 
+from api.headers import API_HEADERS
+
 FAST_PREFIX = "/v1/workspace-tools/"
-API_HEADERS = {
-    "X-Content-Type-Options": "nosniff",
-    "X-Frame-Options": "DENY",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
 
 
 class WorkspaceApiFastPath:

@@ -5,6 +5,7 @@ on the real ASGI application, real Postgres and real Redis."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import logging
@@ -14,6 +15,7 @@ import pytest
 from django.core.handlers.asgi import ASGIRequest
 from livesupport import asgi_scope
 
+from admission import policy as policy_module
 from admission.completion import CompletionDraft
 from admission.policy import policy_update
 from api import burst
@@ -239,16 +241,23 @@ def test_an_overloaded_call_gets_the_views_answer_from_the_edge(
     assert rows[1]["request_id"] == "req-0123456789abcdef"
 
 
+@pytest.mark.parametrize(("limit_read_s_ago", "together"), [(0, False), (10, False), (0, True)])
 def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_entered(
     transactional_db: None,
     account_factory: Any,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
     settings: Any,
+    limit_read_s_ago: int,
+    together: bool,
 ) -> None:
     """A burst's calls past its worker's queue limit get their 429 WORKER_QUEUE_FULL at once,
-    from one answer of the view, while the calls ahead of them still wait for their turn to
-    enter (here: their queue script held back); those ahead are not refused by it."""
+    while the calls ahead of them still wait for their turn to enter (here: their queue script
+    held back); those ahead are not refused by it. With the limit read just now (by the first
+    call ahead) the edge answers them all, with no view, also when they arrive together with
+    the calls ahead (all read before any is counted in its line). With the limit read 10 s
+    ago (and no policy version read since), one view reads the policy again and refuses its
+    call, and the others get the edge's answer, word for word the view's."""
     from django.test import Client
 
     from admission import connections
@@ -307,9 +316,18 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
         first = asyncio.create_task(call())
         await asyncio.wait_for(entries(1), 30)
         ahead = [first] + [asyncio.create_task(call()) for _ in range(2)]
-        await asyncio.sleep(0)
+        if not together:
+            await asyncio.sleep(0)
         views_ahead = len(viewed)
-        # Three of the credential's calls in flight: the next five are beyond the limit.
+        if limit_read_s_ago:
+            # Read 10 s ago, and no version read since (that would make it current).
+            for line, learned in burst.LINES.learned.items():
+                burst.LINES.learned[line] = dataclasses.replace(
+                    learned, at=learned.at - limit_read_s_ago
+                )
+            monkeypatch.setattr(policy_module, "_version_seen", None)
+        # Three of the credential's calls in flight (or on their way, `together`): the next
+        # five are beyond the limit.
         beyond = await asyncio.wait_for(asyncio.gather(*(call() for _ in range(5))), 30)
         entered_meanwhile = len(entering)
         viewed_for_beyond = len(viewed) - views_ahead
@@ -328,7 +346,8 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
     finally:
         del application.run_get_response
     assert entered_meanwhile == 1  # refused while the calls ahead had not entered
-    assert viewed_for_beyond == 1  # one view answered; the other four from memory
+    # Fresh: none reached the view; stale: one view, the other four answered at the edge.
+    assert viewed_for_beyond == (1 if limit_read_s_ago else 0)
     assert all(sent[0]["status"] == 429 for sent in beyond)
     assert all(json.loads(sent[1]["body"])["code"] == "WORKER_QUEUE_FULL" for sent in beyond)
     assert all(sent == beyond[0] for sent in beyond[1:])

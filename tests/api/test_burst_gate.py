@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from django.http import HttpResponse
 
 from admission import refusals
+from admission.completion import CompletionDraft
 from api.burst import Gate, Lines, Memo
 from api.workspace_tools import Holding
 
@@ -137,15 +139,20 @@ def _read(request_id: str | None = None, **body: Any) -> Any:
     return SimpleNamespace(parsed=parsed)
 
 
+def _decided(lines: Lines, key: Any, limit: int) -> None:
+    """A view of the line read a policy with this queue limit, for a caller of tenant t."""
+    policy: Any = SimpleNamespace(worker_queue_limit=limit)
+    lines.decided(key, CompletionDraft(tenant_hash="t", principal_hash="p", worker_id="w"), policy)
+
+
 def test_lines_tell_a_call_beyond_its_queue_limit_once_the_limit_is_known() -> None:
-    lines = Lines()
+    lines = Lines(Memo(), seen=lambda: None, read=lambda: None)
     key = (b"a", "w", "read_file")
     other_op, other_worker = (b"a", "w", "execute_command"), (b"a", "w2", "read_file")
-    policy: Any = SimpleNamespace(worker_queue_limit=2)
     for _ in range(3):
         lines.arrived(key)
     assert lines.beyond(key, _read()) is None  # no limit read for the line yet
-    lines.decided(key, policy)
+    _decided(lines, key, 2)
     assert lines.beyond(key, _read()) == 3
     # A line is the credential and the worker, whatever the operation.
     assert lines.beyond(other_op, _read()) == 3
@@ -159,3 +166,61 @@ def test_lines_tell_a_call_beyond_its_queue_limit_once_the_limit_is_known() -> N
     assert lines.beyond(key, _read()) is None  # one ahead, under the limit of two
     lines.left(key)
     assert lines.in_flight == {}
+
+
+def test_lines_answer_a_call_beyond_the_limit_only_while_the_limit_read_is_fresh() -> None:
+    clock = [100.0]
+    lines = Lines(Memo(now=lambda: clock[0]), seen=lambda: None, read=lambda: None)
+    key = (b"a", "w", "read_file")
+    assert lines.refusal(key) is None  # nothing read for the line
+    _decided(lines, key, 2)
+    clock[0] = 100.9
+    made = lines.refusal(key)
+    assert made is not None and made.answer.status == 429
+    assert json.loads(made.answer.content)["code"] == "WORKER_QUEUE_FULL"
+    assert (made.holding.tenant_hash, made.holding.worker_id) == ("t", "w")
+    # Kept for the next ones as long as it holds (a second), then made again while fresh...
+    assert lines.refusal(key) is made
+    clock[0] = 101.95
+    assert lines.refusal(key) is None  # ...and not once the limit read is over a second old
+    _decided(lines, key, 2)
+    assert lines.refusal(key) is not None
+
+
+def test_a_view_reading_the_policy_answers_the_calls_beyond_that_wait_for_an_asking_call() -> None:
+    async def scenario() -> None:
+        clock = [100.0]
+        memo = Memo(now=lambda: clock[0])
+        lines = Lines(memo, seen=lambda: None, read=lambda: None)
+        key = (b"a", "w", "read_file")
+        _decided(lines, key, 2)
+        clock[0] = 105.0  # the limit read is stale: the first call beyond asks the view
+        assert lines.refusal(key) is None
+        assert await memo.recall(key, refusal_expected=True) is None
+        waiting = asyncio.create_task(memo.recall(key, refusal_expected=True))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        _decided(lines, key, 2)  # the asking call's view (or any of the line's) read it
+        answered = await asyncio.wait_for(waiting, 1)
+        assert answered is not None and answered.answer.status == 429
+        assert key not in memo.asking
+
+    asyncio.run(scenario())
+
+
+def test_a_limit_read_long_ago_is_current_while_the_process_reads_its_policy_version_unchanged() -> (
+    None
+):
+    clock = [100.0]
+    seen: list[Any] = [None]
+    lines = Lines(Memo(now=lambda: clock[0]), seen=lambda: seen[0], read=lambda: 7)
+    key = (b"a", "w", "read_file")
+    _decided(lines, key, 2)  # read under version 7
+    clock[0] = 160.0
+    assert lines.refusal(key) is None  # a minute ago, nothing read since
+    seen[0] = (8, 159.5)
+    assert lines.refusal(key) is None  # another call found version 8: the policy changed
+    seen[0] = (7, 158.0)
+    assert lines.refusal(key) is None  # version 7 still, but two seconds ago
+    seen[0] = (7, 159.5)
+    assert lines.refusal(key) is not None  # version 7 half a second ago: still current
