@@ -19,6 +19,7 @@ BENCHMARKS = [
     ("dashboard queries on 1,000,000 completion rows", "dashboard_queries.py", []),
     ("command sandbox: added latency of bwrap per command", "sandbox.py", []),
     ("edge: one refusal from memory vs by the view, in process", "edge.py", []),
+    ("admission scripts: settle and enter inside Redis by queue length", "scripts.py", []),
     ("overload: the contract 2.8 burst (10x the queue, one principal)", "overload.py", []),
 ]
 
