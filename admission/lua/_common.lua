@@ -137,18 +137,18 @@ end
 -- SEP-delimited tokens) covers what it needs. Returns nil, or the refusal code
 -- (UNAUTHENTICATED: the key was revoked while the call waited; WORKER_OFFLINE: a waiting
 -- call never moves to a replacement incarnation; WORKER_MISMATCH: the offer was withdrawn).
--- `seen` keeps what one pass has read (revoked keys, offers), so a queue of one caller's
--- calls on one workspace costs two reads, not two per call.
+-- `seen` keeps what one pass has read (`revoked` by marker key, `offer` by workspace), so a
+-- queue of one caller's calls on one workspace costs two reads, not two per call.
 local function refusal_of(e, inc, seen)
   -- pcall: a worker's Redis user (settle) may read the markers only where Redis has
   -- read-only key patterns (7 and later); on 6.2 it cannot, and its grants go unchecked
   -- rather than failing the settlement (docs/admission.md).
   if e.kid ~= nil and D.rv ~= '' then
     local marker = D.rv .. e.kid
-    local revoked = seen[marker]
+    local revoked = seen.revoked[marker]
     if revoked == nil then
       revoked = redis.pcall('EXISTS', marker) == 1
-      seen[marker] = revoked
+      seen.revoked[marker] = revoked
     end
     if revoked then
       return 'UNAUTHENTICATED'
@@ -160,11 +160,10 @@ local function refusal_of(e, inc, seen)
   if e.nd == nil then
     return nil
   end
-  local field = 'o:' .. e.ws
-  local offer = seen[field]
+  local offer = seen.offer[e.ws]
   if offer == nil then
-    offer = redis.call('HGET', D.reg, field)
-    seen[field] = offer
+    offer = redis.call('HGET', D.reg, 'o:' .. e.ws)
+    seen.offer[e.ws] = offer
   end
   if not offer then
     return 'WORKER_MISMATCH'
@@ -194,7 +193,7 @@ local REFUSED_KIND = {
 local function grant(entries, now, slots, ke, wake_prefix, skip_id)
   local used, running, blocked, granted = {}, {}, {}, {}
   local inc = redis.call('HGET', D.reg, 'inc')
-  local kept, seen = {}, {}
+  local kept, seen = {}, {revoked = {}, offer = {}}
   for _, e in ipairs(entries) do
     local refused = e.st == 'w' and refusal_of(e, inc, seen) or nil
     if refused then
