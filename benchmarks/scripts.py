@@ -6,7 +6,8 @@ benchmark keeps about 7 waiting; a full queue of 32 holds 31).
 Each script's own time is read from Redis's SLOWLOG (threshold 0 for the run, restored
 after), so the client's round trip and this process's CPU are not in it. Every waiting call
 carries an API key id and needs the workspace's offer, as the API's calls do: each grant
-checks them (admission/lua/_common.lua, `refusal_of`).
+checks them (admission/lua/_common.lua, `refusal_of`). The worker is registered and the
+calls entered by the tests' own helpers (tests/admission/queuekit.py).
 
 Needs Redis only, no database:  .venv/bin/python benchmarks/scripts.py [--rounds N]
 """
@@ -34,6 +35,14 @@ from django.conf import settings
 
 from admission.queue import AsyncQueue, SyncQueue, offer_tokens
 
+# now 0: Redis's own clock; long budgets, a limit the queues never reach.
+ENTRY = {
+    "queue_budget_ms": 600_000,
+    "exec_budget_ms": 600_000,
+    "queue_limit": 1_000,
+    "incarnation": "inc1",
+    "key_id": 1,
+}
 OFFER = {
     "ws": offer_tokens(
         operations=["execute_command"], lanes=False, edit_features=frozenset(), instruction_files=[]
@@ -41,22 +50,12 @@ OFFER = {
 }
 
 
-async def _enter(q: AsyncQueue, worker_id: str, entry_id: str) -> Any:
-    return await q.enter(
-        worker_id=worker_id,
-        entry_id=entry_id,
-        key=("ws", ""),
-        queue_budget_ms=600_000,
-        exec_budget_ms=600_000,
-        queue_limit=1_000,
-        slot_ceiling=8,
-        operation="execute_command",
-        workspace_id="ws",
-        needs=["op:execute_command"],
-        envelope=f"envelope-{entry_id}",
-        incarnation="inc1",
-        key_id=1,
-    )
+def _enter(q: AsyncQueue, worker_id: str, entry_id: str) -> Any:
+    """An execute_command call on "ws" (the tests' own helper), as the API enters one: its
+    caller's key id and the offer it needs are checked at every grant."""
+    from queuekit import entering
+
+    return entering(q, worker_id, entry_id, 0, ENTRY)
 
 
 def _durations(sync: redis.Redis, sha: str) -> list[float]:
@@ -70,11 +69,10 @@ def _durations(sync: redis.Redis, sha: str) -> list[float]:
 async def one_queue(sync: redis.Redis, prefix: str, waiting: int, rounds: int) -> dict[str, Any]:
     """`rounds` hand-offs with `waiting` calls behind the running one: settle it (taking the
     next), then enter one more call, so the queue stays as long."""
+    from queuekit import dispatching_queue
+
     worker_id = f"w{waiting}"
-    sq = SyncQueue(sync, prefix)
-    sq.register_incarnation(
-        worker_id=worker_id, incarnation="inc1", slots=1, ttl_ms=600_000, offer=OFFER
-    )
+    sq: SyncQueue = dispatching_queue(sync, prefix, worker_id, OFFER)
     client = aioredis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
     try:
         q = AsyncQueue(client, prefix)
@@ -116,7 +114,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=300)
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent / "tests" / "admission")]  # harness, queuekit
     sync = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)
     prefix = f"bench-scripts-{uuid.uuid4().hex[:8]}:"
     saved = sync.config_get("slowlog-*")
