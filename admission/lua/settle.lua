@@ -3,7 +3,7 @@
 -- the waiting request (and kept as a durable call's status), the slot is freed and waiting
 -- calls are granted and dispatched, all in one step. Runs with the worker's own Redis rights:
 -- it touches only the worker's `{w:<id>}` keys and its own Celery queue, and reads the
--- revoked-key markers (one EXISTS per waiting call).
+-- revoked-key markers (one EXISTS per key id among the waiting calls).
 -- A late, duplicate or stale settlement is discarded and counted.
 -- KEYS: 1 reg, 2 queue, 3 entries, 4 stats, 5 env, 6 Celery queue list (optional)
 -- ARGV: 1 now_ms or '', 2 entry id, 3 incarnation, 4 ticket, 5 result payload, 6 wake key prefix,
