@@ -101,13 +101,15 @@ async def _minimal_post(url: str, headers: dict[str, str], body: dict[str, Any])
     return json.loads(text)
 
 
-def sluice_gaps(api_url: str, headers: dict[str, str], calls: int) -> list[float]:
+def sluice_gaps(
+    api_url: str, headers: dict[str, str], calls: int, workspace_id: str = "w0"
+) -> list[float]:
     """A command's end -> the next same-key command's start (ms), by the commands' own clocks,
     with 8 clients keeping the key's queue full through Sluice."""
     body = {
         "protocolVersion": 1,
         "operation": "execute_command",
-        "workspaceId": "w0",
+        "workspaceId": workspace_id,
         "command": HANDOFF_COMMAND,
     }
     waiting = headers | {"X-LibreChat-Workspace-Queue-Wait-Ms": "120000"}
@@ -161,16 +163,22 @@ def shell_loop_gaps(workspaces: list[Path], calls: int) -> list[float]:
 
 
 def e2e_handoff(
-    api_url: str, headers: dict[str, str], workspaces: list[Path], calls: int, rounds: int = 4
+    api_url: str,
+    headers: dict[str, str],
+    workspaces: list[Path],
+    calls: int,
+    rounds: int = 4,
+    workspace_id: str = "w0",
 ) -> dict[str, Any]:
     """Handoff between same-key calls, the outside way (issue 15): the gap between one
     command's end and the next one's start through Sluice, minus the same gap in a local loop
-    starting the same sandboxed shells. Rounds alternate so that both see the same machine
-    (a noisy 2-core box drifts by more than the figure being measured)."""
+    starting the same sandboxed shells in the first of `workspaces` (`workspace_id`, through
+    Sluice). Rounds alternate so that both see the same machine (a noisy 2-core box drifts by
+    more than the figure being measured)."""
     through: list[float] = []
     local: list[float] = []
     for _ in range(rounds):
-        through += sluice_gaps(api_url, headers, calls // rounds)
+        through += sluice_gaps(api_url, headers, calls // rounds, workspace_id)
         local += shell_loop_gaps(workspaces, calls // rounds)
     added = {
         f"{q}_ms": round(harness.percentile(through, p) - harness.percentile(local, p), 3)
