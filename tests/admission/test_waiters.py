@@ -252,6 +252,12 @@ def test_a_watched_wait_looks_at_its_list_only_when_told_and_at_its_end(
             return await real_poll(**kwargs)
 
         q.poll = counted  # type: ignore[method-assign]
+        # The reader's connection up first, on another worker's channel: a connection opening
+        # subscribes every channel wanted then, and the watch asks for its own once more, so
+        # the first channel is confirmed twice and the second confirmation (whenever it comes)
+        # wakes its watches again. W's channel is then subscribed once, confirmed once.
+        async with q.watching(worker_id="w-warm", entry_id="warm"):
+            pass
         async with q.watching(worker_id=W, entry_id="quiet") as woken:
             woken.clear()  # the subscription's confirmation wakes every watch once
             assert await q.wait(worker_id=W, entry_id="quiet", timeout_ms=100, woken=woken) is None
