@@ -34,10 +34,11 @@ Django makes a request of it:
   by it). Otherwise (the limit may have changed since) the first such call goes to the
   view, which reads the policy and refuses it before its rate limit, without entering
   (`Call.in_flight_ahead`); the next ones wait only until some view of the line has read the
-  policy, then get the answer made here (each re-checked against the limit read). So a burst's refusals leave as its calls
-  are read: not after the calls ahead have gone through admission (31 view passes of 2.5 ms
-  each for a queue of 32), nor after one view pass of their own, which on a loop busy with
-  the burst took 100 ms (each of its awaits waits behind every callback then ready).
+  policy, then get the answer made here (each re-checked against the limit read). So a
+  burst's refusals leave as its calls are read: not after the calls ahead have gone through
+  admission (31 view passes of 2.5 ms each for a queue of 32), nor after one view pass of
+  their own, which on a loop busy with the burst took 100 ms (each of its awaits waits
+  behind every callback then ready).
 
 A POST past the process's or its credential's share of calls in flight (config/asgi.py) is
 answered the same way once the view has answered one: the edge decides the overload, the

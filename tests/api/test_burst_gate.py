@@ -208,9 +208,7 @@ def test_a_view_reading_the_policy_answers_the_calls_beyond_that_wait_for_an_ask
     asyncio.run(scenario())
 
 
-def test_a_limit_read_long_ago_is_current_while_the_process_reads_its_policy_version_unchanged() -> (
-    None
-):
+def test_an_old_limit_read_is_current_while_its_policy_version_is_read_unchanged() -> None:
     clock = [100.0]
     seen: list[Any] = [None]
     lines = Lines(Memo(now=lambda: clock[0]), seen=lambda: seen[0], read=lambda: 7)
