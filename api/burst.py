@@ -21,8 +21,8 @@ Django makes a request of it:
   Django's request, view or response, DRF, Redis or Postgres. Such an answer costs the event
   loop about what uvicorn itself spends on the connection (docs/benchmarks.md).
 
-* **The lines.** Per credential and worker, the process counts its calls from their arrival
-  to their answer (`Lines`): waiting at the gate, in admission, queued or running, each holds
+* **The lines.** Per credential and worker, the process counts its calls from the moment the
+  edge read them to their answer (`Lines`, `arrive`): waiting at the gate, in admission, queued or running, each holds
   or is about to take a place in that worker's queue, whose limit counts running calls too.
   A call that arrives when that count has reached the limit (as a view last read it for the
   line) is past the queue by the time its turn would come: it does not wait at the gate.
@@ -380,7 +380,35 @@ def recalled(read: ReadCall, credential: bytes) -> Answer | None:
     return remembered.answer
 
 
+@dataclass
+class Arrival:
+    """A call counted in its line (`LINES`) from the moment the edge read it, not from when its
+    task first runs: on a loop busy with a burst that is hundreds of arrivals later, and every
+    call read meanwhile would see the line short of its limit and go on, to be refused later
+    in `through`, at several times the cost. `ahead`: the line's calls counted before it, when
+    they reach its queue's limit (`Lines.beyond`), else None. Leaves its line once, at the end
+    of `through` or, when its task never ran (its client went at once), of its request."""
+
+    key: MemoKey | None
+    ahead: int | None
+    gone: bool = False
+
+    def leave(self) -> None:
+        if not self.gone:
+            self.gone = True
+            LINES.left(self.key)
+
+
+def arrive(read: ReadCall | None, credential: bytes) -> Arrival:
+    """Count a call that goes on to `through` in its line, now."""
+    key = _memo_key(read, credential)
+    arrival = Arrival(key, LINES.beyond(key, read))
+    LINES.arrived(key)
+    return arrival
+
+
 async def through(
+    arrival: Arrival,
     read: ReadCall | None,
     credential: bytes,
     view: Callable[[], Awaitable[HttpResponseBase]],
@@ -394,25 +422,23 @@ async def through(
     A call that arrives with its credential's calls to its worker in flight here already at
     that worker's queue limit (`LINES`) does not wait its turn at the gate: its answer is a
     full queue (those calls hold, or will take, every place). Made here when the limit is
-    current (the edge's look at its arrival may have come before the calls ahead were counted
-    here); else it waits for an asking call's view to read the policy, or is that call: its
-    view refuses it once the policy is read (Call.in_flight_ahead)."""
-    key = _memo_key(read, credential)
-    ahead = LINES.beyond(key, read)
+    current (it may have become so since the edge looked); else it waits for an asking call's
+    view to read the policy, or is that call: its view refuses it once the policy is read
+    (Call.in_flight_ahead)."""
+    key, ahead = arrival.key, arrival.ahead
     # A call beyond its queue's limit is answered by what such a call was answered, never by
     # the refusals the others remember (nor they by its): its refusal holds only for it.
     memo = MEMO if ahead is None else BEYOND
     viewed = False
     passage: Passage | None = None
-    LINES.arrived(key)
     try:
         try:
             if ahead is None:
                 passage = await GATE.enter(credential)
                 remembered = await MEMO.recall(key) if key else None
             else:
-                # Made here if the limit read is current (the edge's look came before the calls
-                # ahead of this one had reached `through`), else from an asking call's view.
+                # Made here if the limit read is current (by now), else from an asking call's
+                # view.
                 assert key is not None
                 remembered = LINES.refusal(key) or await BEYOND.recall(key, refusal_expected=True)
         except asyncio.CancelledError:
@@ -453,7 +479,7 @@ async def through(
             memo.learn(key, response)
         return response
     finally:
-        LINES.left(key)
+        arrival.leave()
         if passage is not None:
             passage.release()
         if viewed and key is not None:

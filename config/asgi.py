@@ -15,6 +15,7 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.urls import set_script_prefix
 
 if TYPE_CHECKING:
+    from api.burst import Arrival
     from api.workspace_tools import ReadCall
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -133,23 +134,33 @@ class SluiceAsgiHandler(ASGIHandler):
                     # A refusal that holds: no Django request, view or response (api/burst.py).
                     await remembered.send(send)
                     return
-            answer = asyncio.create_task(
-                self._answer(
-                    scope,
-                    body_file,
-                    read,
-                    credential=credential,
-                    overloaded=overloaded,
-                    read_whole=read_whole,
-                )
+            # Counted in its line as it is read, before the next arrival is (api/burst.py).
+            arrival = (
+                burst.arrive(read, credential)
+                if read_whole and burst.gated(scope) and not overloaded
+                else None
             )
-            gone = asyncio.create_task(_until_disconnect(receive))
-            await asyncio.wait([answer, gone], return_when=asyncio.FIRST_COMPLETED)
-            if not answer.done():
-                # The client went away: the view is cancelled (and takes its queue place along).
-                gone.exception()  # RequestAborted, the expected end of that task: retrieved
-                await _cancelled(answer)
-                return
+            try:
+                answer = asyncio.create_task(
+                    self._answer(
+                        scope,
+                        body_file,
+                        read,
+                        credential=credential,
+                        overloaded=overloaded,
+                        arrival=arrival,
+                    )
+                )
+                gone = asyncio.create_task(_until_disconnect(receive))
+                await asyncio.wait([answer, gone], return_when=asyncio.FIRST_COMPLETED)
+                if not answer.done():
+                    # The client went away: the view is cancelled (and takes its queue place).
+                    gone.exception()  # RequestAborted, the expected end of that task: retrieved
+                    await _cancelled(answer)
+                    return
+            finally:
+                if arrival is not None:
+                    arrival.leave()  # already left in `through`, unless its task never ran
             gone.cancel()
             response = answer.result()
             if isinstance(response, burst.Answer):
@@ -173,11 +184,11 @@ class SluiceAsgiHandler(ASGIHandler):
         *,
         credential: bytes,
         overloaded: bool,
-        read_whole: bool,
+        arrival: Arrival | None,
     ) -> Any:
-        """The view's answer (a Django response); an execute POST read at the edge goes
-        through its credential's gate first, and may be answered from the memory of refusals
-        (a `burst.Answer`, its row written)."""
+        """The view's answer (a Django response); an execute POST whose whole body was read
+        (`arrival`: counted in its line) goes through its credential's gate first, and may be
+        answered from the memory of refusals (a `burst.Answer`, its row written)."""
         from api import burst
 
         async def view() -> Any:
@@ -201,8 +212,8 @@ class SluiceAsgiHandler(ASGIHandler):
             if request is not None:
                 execute_abandoned(request)
 
-        if read_whole and burst.gated(scope) and not overloaded:
-            return await burst.through(read, credential, view, abandoned)
+        if arrival is not None:
+            return await burst.through(arrival, read, credential, view, abandoned)
         return await view()
 
     async def _body_if_worth_it(

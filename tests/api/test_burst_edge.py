@@ -293,6 +293,17 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
         viewed.append(1)
         return await run_view(request)
 
+    # The calls that went on past the edge although beyond the limit (to be refused later).
+    went_on_beyond: list[int] = []
+    real_through = burst.through
+
+    async def through(arrival: burst.Arrival, *args: Any) -> Any:
+        if arrival.ahead is not None:
+            went_on_beyond.append(arrival.ahead)
+        return await real_through(arrival, *args)
+
+    monkeypatch.setattr(burst, "through", through)
+
     async def scenario() -> tuple[list[list[dict[str, Any]]], int, int]:
         let_in, gone, one_more = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
@@ -337,6 +348,7 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
         gone.set()
         await asyncio.wait_for(asyncio.gather(*ahead), 30)
         await emissions_flush()
+        assert burst.LINES.in_flight == {}  # every call counted left its line
         return beyond, entered_meanwhile, viewed_for_beyond
 
     caplog.set_level(logging.INFO, logger="sluice.completion")
@@ -348,6 +360,10 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
     assert entered_meanwhile == 1  # refused while the calls ahead had not entered
     # Fresh: none reached the view; stale: one view, the other four answered at the edge.
     assert viewed_for_beyond == (1 if limit_read_s_ago else 0)
+    # Fresh: each refused as it was read, counting the calls ahead read before it, even those
+    # whose tasks had not run yet (`together`); stale: all five wait for the policy's read,
+    # each counting the calls read before it.
+    assert went_on_beyond == ([3, 4, 5, 6, 7] if limit_read_s_ago else [])
     assert all(sent[0]["status"] == 429 for sent in beyond)
     assert all(json.loads(sent[1]["body"])["code"] == "WORKER_QUEUE_FULL" for sent in beyond)
     assert all(sent == beyond[0] for sent in beyond[1:])
