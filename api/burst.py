@@ -94,25 +94,36 @@ _SERVER_HEADERS = frozenset({"date", "server", "content-length"})
 
 
 class Gate:
-    """Per credential, at most `width` calls pass at once; the rest wait in arrival order."""
+    """Per credential, at most `width` calls pass at once; the rest wait in arrival order. A
+    waiting call may leave the line without a place when `excuse` finds it excused (its answer
+    is known: a refusal learned meanwhile), without waiting for a place to free."""
 
     def __init__(self, width: Callable[[], int]) -> None:
         self._width = width
         self._passing: dict[bytes, int] = {}
-        self._waiting: dict[bytes, deque[asyncio.Future[None]]] = {}
+        self._waiting: dict[bytes, deque[_Turn]] = {}
 
     async def enter(self, credential: bytes) -> Passage:
+        entered = await self.enter_unless(credential, None)
+        assert isinstance(entered, Passage)
+        return entered
+
+    async def enter_unless(
+        self, credential: bytes, excused: Callable[[], Remembered | None] | None
+    ) -> Passage | Remembered:
+        """A place (a `Passage`), or what `excused` answered when `excuse` asked it."""
         passing = self._passing.get(credential, 0)
         if passing < self._width() and not self._waiting.get(credential):
             self._passing[credential] = passing + 1
             return Passage(self, credential)
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        turn = _Turn(asyncio.get_running_loop().create_future(), excused)
         self._waiting.setdefault(credential, deque()).append(turn)
         try:
-            await turn
+            given = await turn.given
         except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():
-                self._leave(credential)  # handed a place just as it was cancelled: passed on
+            if turn.given.done() and not turn.given.cancelled():
+                if turn.given.result() is _PLACE:
+                    self._leave(credential)  # handed a place just as it was cancelled: passed on
             else:
                 # Still in line, unless a release already dropped it there as cancelled.
                 line = self._waiting.get(credential)
@@ -121,7 +132,27 @@ class Gate:
                     if not line:
                         del self._waiting[credential]
             raise
-        return Passage(self, credential)
+        return Passage(self, credential) if given is _PLACE else given
+
+    def excuse(self, credential: bytes) -> None:
+        """Ask the credential's waiting calls whether they are excused now; those that are
+        leave the line with their answer, the others keep their places in it."""
+        line = self._waiting.get(credential)
+        if not line:
+            return
+        kept: deque[_Turn] = deque()
+        for turn in line:
+            if turn.given.done():
+                continue  # cancelled: a release would only skip it
+            answer = turn.excused() if turn.excused is not None else None
+            if answer is not None:
+                turn.given.set_result(answer)
+            else:
+                kept.append(turn)
+        if kept:
+            self._waiting[credential] = kept
+        else:
+            del self._waiting[credential]
 
     def passing(self, credential: bytes) -> int:
         return self._passing.get(credential, 0)
@@ -135,8 +166,8 @@ class Gate:
             turn = line.popleft()
             if not line:
                 del self._waiting[credential]
-            if not turn.done():
-                turn.set_result(None)  # the place goes to the next in line
+            if not turn.given.done():
+                turn.given.set_result(_PLACE)  # the place goes to the next in line
                 return
             line = self._waiting.get(credential)
         left = self._passing[credential] - 1
@@ -144,6 +175,16 @@ class Gate:
             self._passing[credential] = left
         else:
             del self._passing[credential]
+
+
+# What a waiting call's turn is given when a place frees for it.
+_PLACE = object()
+
+
+@dataclass(eq=False)
+class _Turn:
+    given: asyncio.Future[Any]
+    excused: Callable[[], Remembered | None] | None
 
 
 @dataclass
@@ -434,8 +475,16 @@ async def through(
     try:
         try:
             if ahead is None:
-                passage = await GATE.enter(credential)
-                remembered = await MEMO.recall(key) if key else None
+                # Out of the line at once when a refusal it would get is learned meanwhile
+                # (another process filled the queue, say): not after the views ahead of it.
+                turn = await GATE.enter_unless(
+                    credential, None if key is None else lambda: _held_for(key, read)
+                )
+                if isinstance(turn, Passage):
+                    passage = turn
+                    remembered = await MEMO.recall(key) if key else None
+                else:
+                    remembered = turn
             else:
                 # Made here if the limit read is current (by now), else from an asking call's
                 # view.
@@ -477,6 +526,8 @@ async def through(
             PASSING.reset(token)
         if key is not None:
             memo.learn(key, response)
+            if memo is MEMO and MEMO.holding(key) is not None:
+                GATE.excuse(credential)  # the calls in line that would get it get it now
         return response
     finally:
         arrival.leave()
@@ -628,6 +679,14 @@ def _abandoned(read: ReadCall | None, otherwise: Callable[[], None]) -> None:
         read.draft.describe(worker_id=read.parsed.worker_id)
     read.draft.went_away_answered()
     emit_row(read.draft)
+
+
+def _held_for(key: MemoKey, read: ReadCall | None) -> Remembered | None:
+    """The refusal held in memory for this call now, when the view would answer it so."""
+    remembered = MEMO.holding(key)
+    if remembered is None or read is None or not _applies(remembered, read):
+        return None
+    return remembered
 
 
 def _applies(remembered: Remembered, read: ReadCall) -> bool:

@@ -12,7 +12,7 @@ from django.http import HttpResponse
 
 from admission import refusals
 from admission.completion import CompletionDraft
-from api.burst import Gate, Lines, Memo
+from api.burst import Answer, Gate, Lines, Memo, Passage, Remembered
 from api.workspace_tools import Holding
 
 
@@ -54,6 +54,45 @@ def test_the_gate_lets_width_calls_of_a_credential_pass_and_the_rest_in_arrival_
         return order
 
     assert asyncio.run(scenario()) == [0, 1, 2]
+
+
+def test_a_waiting_call_excused_leaves_the_line_at_once_and_the_others_keep_their_order() -> None:
+    """`excuse` answers the waiting calls whose answer is known now (a refusal learned while
+    they waited), with no place freed; the others keep their order and take the places."""
+    response = _holding(until=10.0)
+    refused = Remembered(answer=Answer.of(response), holding=response.holds)  # type: ignore[attr-defined]
+
+    async def scenario() -> None:
+        gate = Gate(lambda: 1)
+        holder = await gate.enter(b"a")
+        known: set[int] = set()
+        order: list[int] = []
+
+        async def waiter(n: int) -> Passage | Remembered:
+            turn = await gate.enter_unless(b"a", lambda: refused if n in known else None)
+            order.append(n)
+            return turn
+
+        tasks = [asyncio.create_task(waiter(n)) for n in range(4)]
+        await asyncio.sleep(0)
+        gate.excuse(b"a")  # nobody is excused yet: nothing changes
+        tasks[3].cancel()  # cancelled in line: skipped, not asked
+        known.update({1, 3})
+        gate.excuse(b"a")
+        assert await asyncio.wait_for(tasks[1], 1) is refused
+        assert order == [1] and gate.passing(b"a") == 1 and gate.waiting(b"a") == 2
+        holder.release()
+        first = await asyncio.wait_for(tasks[0], 1)
+        assert isinstance(first, Passage)
+        first.release()
+        last = await asyncio.wait_for(tasks[2], 1)
+        assert isinstance(last, Passage) and order == [1, 0, 2]
+        last.release()
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[3]
+        assert gate.passing(b"a") == 0 and gate.waiting(b"a") == 0
+
+    asyncio.run(scenario())
 
 
 def test_a_call_cancelled_as_it_is_handed_a_place_passes_the_place_on() -> None:
