@@ -11,7 +11,10 @@ Django makes a request of it:
   `SLUICE_ADMITTING_PER_KEY` are on their way into admission at once; the others wait their
   turn in arrival order, which costs a future, not CPU. A call leaves the gate once it is in its
   worker's queue, granted or waiting (`Call.on_entered`), or once it is answered: so a waiting
-  call holds no share, and another credential's call never waits behind this one's.
+  call holds no share, and another credential's call never waits behind this one's. A call
+  still in line when a refusal it would get is learned (below) leaves the line with it at once
+  (`Gate.excuse`), not after the views ahead of it: with several API processes, another
+  process may have filled the queue.
 * **The memory of refusals.** When the view answers a refusal that holds
   (`Refusal.holds_until`: a rate-limit refusal until the bucket could let the call pass or its
   whole seconds tick over; a full queue for `SLUICE_FULL_QUEUE_HOLD_MS`), the answer is kept,

@@ -21,6 +21,7 @@ BENCHMARKS = [
     ("edge: one refusal from memory vs by the view, in process", "edge.py", []),
     ("admission scripts: settle and enter inside Redis by queue length", "scripts.py", []),
     ("overload: the contract 2.8 burst (10x the queue, one principal)", "overload.py", []),
+    ("HTTP floor: the same burst against an ASGI app that only answers 429", "http_floor.py", []),
 ]
 
 
