@@ -25,8 +25,9 @@ Django makes a request of it:
   loop about what uvicorn itself spends on the connection (docs/benchmarks.md).
 
 * **The lines.** Per credential and worker, the process counts its calls from the moment the
-  edge read them to their answer (`Lines`, `arrive`): waiting at the gate, in admission, queued or running, each holds
-  or is about to take a place in that worker's queue, whose limit counts running calls too.
+  edge read them to their answer (`Lines`, `arrive`): waiting at the gate, in admission,
+  queued or running, each holds or is about to take a place in that worker's queue, whose
+  limit counts running calls too.
   A call that arrives when that count has reached the limit (as a view last read it for the
   line) is past the queue by the time its turn would come: it does not wait at the gate.
   When that limit is current (a view read it within the last second, or read it under the

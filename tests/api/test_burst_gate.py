@@ -60,7 +60,8 @@ def test_a_waiting_call_excused_leaves_the_line_at_once_and_the_others_keep_thei
     """`excuse` answers the waiting calls whose answer is known now (a refusal learned while
     they waited), with no place freed; the others keep their order and take the places."""
     response = _holding(until=10.0)
-    refused = Remembered(answer=Answer.of(response), holding=response.holds)  # type: ignore[attr-defined]
+    holding = response.holds  # type: ignore[attr-defined]
+    refused = Remembered(answer=Answer.of(response), holding=holding)
 
     async def scenario() -> None:
         gate = Gate(lambda: 1)
