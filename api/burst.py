@@ -25,7 +25,7 @@ Django makes a request of it:
   loop about what uvicorn itself spends on the connection (docs/benchmarks.md).
 
 * **The lines.** Per credential and worker, the process counts its calls from the moment the
-  edge read them to their answer (`Lines`, `arrive`): waiting at the gate, in admission,
+  edge read them to their answer (`Lines`, `at_edge`): waiting at the gate, in admission,
   queued or running, each holds or is about to take a place in that worker's queue, whose
   limit counts running calls too.
   A call that arrives when that count has reached the limit (as a view last read it for the
@@ -107,13 +107,8 @@ class Gate:
         self._passing: dict[bytes, int] = {}
         self._waiting: dict[bytes, deque[_Turn]] = {}
 
-    async def enter(self, credential: bytes) -> Passage:
-        entered = await self.enter_unless(credential, None)
-        assert isinstance(entered, Passage)
-        return entered
-
-    async def enter_unless(
-        self, credential: bytes, excused: Callable[[], Remembered | None] | None
+    async def enter(
+        self, credential: bytes, excused: Callable[[], Remembered | None] | None = None
     ) -> Passage | Remembered:
         """A place (a `Passage`), or what `excused` answered when `excuse` asked it."""
         passing = self._passing.get(credential, 0)
@@ -409,22 +404,6 @@ def learn_overloaded(response: HttpResponseBase) -> None:
             _overloaded.append(Answer.of(response))
 
 
-def recalled(read: ReadCall, credential: bytes) -> Answer | None:
-    """The answer held in memory for this call now, its row written; None: the call goes on
-    (through its gate, to the view). Never waits: a call that arrives while a held refusal is
-    being asked again goes to the gate, where it waits for that answer."""
-    key = _memo_key(read, credential)
-    if key is None:
-        return None
-    remembered = MEMO.holding(key)
-    if remembered is None and LINES.beyond(key, read) is not None:
-        remembered = LINES.refusal(key)
-    if remembered is None or not _applies(remembered, read):
-        return None
-    _replayed(remembered, read)
-    return remembered.answer
-
-
 @dataclass
 class Arrival:
     """A call counted in its line (`LINES`) from the moment the edge read it, not from when its
@@ -444,12 +423,23 @@ class Arrival:
             LINES.left(self.key)
 
 
-def arrive(read: ReadCall | None, credential: bytes) -> Arrival:
-    """Count a call that goes on to `through` in its line, now."""
+def at_edge(read: ReadCall | None, credential: bytes) -> Answer | Arrival:
+    """An execute POST whose whole body the edge read (`read`: its reading, None when it
+    could not read it): the answer held in memory for it now, its row written, or else its
+    `Arrival`, counted in its line now, for `through` (its gate, the view). Never waits: a
+    call that arrives while a held refusal is being asked again goes to the gate, where it
+    waits for that answer."""
     key = _memo_key(read, credential)
-    arrival = Arrival(key, LINES.beyond(key, read))
+    ahead = LINES.beyond(key, read)
+    if key is not None and read is not None:
+        remembered = MEMO.holding(key)
+        if remembered is None and ahead is not None:
+            remembered = LINES.refusal(key)
+        if remembered is not None and _applies(remembered, read):
+            _replayed(remembered, read)
+            return remembered.answer
     LINES.arrived(key)
-    return arrival
+    return Arrival(key, ahead)
 
 
 async def through(
@@ -481,7 +471,7 @@ async def through(
             if ahead is None:
                 # Out of the line at once when a refusal it would get is learned meanwhile
                 # (another process filled the queue, say): not after the views ahead of it.
-                turn = await GATE.enter_unless(
+                turn = await GATE.enter(
                     credential, None if key is None else lambda: _held_for(key, read)
                 )
                 if isinstance(turn, Passage):

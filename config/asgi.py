@@ -128,18 +128,16 @@ class SluiceAsgiHandler(ASGIHandler):
                 if read_whole and burst.gated(scope)
                 else None
             )
-            if read is not None and not overloaded:
-                remembered = burst.recalled(read, credential)
-                if remembered is not None:
-                    # A refusal that holds: no Django request, view or response (api/burst.py).
-                    await remembered.send(send)
+            arrival = None
+            if read_whole and burst.gated(scope) and not overloaded:
+                # Answered from memory (a refusal that holds: no Django request, view or
+                # response), or counted in its line as it is read, before the next arrival is
+                # (api/burst.py).
+                edge = burst.at_edge(read, credential)
+                if isinstance(edge, burst.Answer):
+                    await edge.send(send)
                     return
-            # Counted in its line as it is read, before the next arrival is (api/burst.py).
-            arrival = (
-                burst.arrive(read, credential)
-                if read_whole and burst.gated(scope) and not overloaded
-                else None
-            )
+                arrival = edge
             try:
                 answer = asyncio.create_task(
                     self._answer(

@@ -30,19 +30,26 @@ def _holding(until: float) -> HttpResponse:
     return response
 
 
+async def _place(gate: Gate, credential: bytes) -> Passage:
+    """A place at the gate, for a call that can be excused by nothing."""
+    turn = await gate.enter(credential)
+    assert isinstance(turn, Passage)
+    return turn
+
+
 def test_the_gate_lets_width_calls_of_a_credential_pass_and_the_rest_in_arrival_order() -> None:
     async def scenario() -> list[int]:
         gate = Gate(lambda: 2)
-        first, second = await gate.enter(b"a"), await gate.enter(b"a")
+        first, second = await _place(gate, b"a"), await _place(gate, b"a")
         order: list[int] = []
 
         async def waiter(n: int) -> None:
-            passage = await gate.enter(b"a")
+            passage = await _place(gate, b"a")
             order.append(n)
             passage.release()
 
         tasks = [asyncio.create_task(waiter(n)) for n in range(3)]
-        other = await asyncio.wait_for(gate.enter(b"b"), 1)  # another credential never waits
+        other = await asyncio.wait_for(_place(gate, b"b"), 1)  # another credential never waits
         await asyncio.sleep(0)
         assert order == [] and gate.waiting(b"a") == 3
         first.release()
@@ -65,12 +72,12 @@ def test_a_waiting_call_excused_leaves_the_line_at_once_and_the_others_keep_thei
 
     async def scenario() -> None:
         gate = Gate(lambda: 1)
-        holder = await gate.enter(b"a")
+        holder = await _place(gate, b"a")
         known: set[int] = set()
         order: list[int] = []
 
         async def waiter(n: int) -> Passage | Remembered:
-            turn = await gate.enter_unless(b"a", lambda: refused if n in known else None)
+            turn = await gate.enter(b"a", lambda: refused if n in known else None)
             order.append(n)
             return turn
 
@@ -99,9 +106,9 @@ def test_a_waiting_call_excused_leaves_the_line_at_once_and_the_others_keep_thei
 def test_a_call_cancelled_as_it_is_handed_a_place_passes_the_place_on() -> None:
     async def scenario() -> None:
         gate = Gate(lambda: 1)
-        holder = await gate.enter(b"a")
-        cancelled = asyncio.create_task(gate.enter(b"a"))
-        nxt = asyncio.create_task(gate.enter(b"a"))
+        holder = await _place(gate, b"a")
+        cancelled = asyncio.create_task(_place(gate, b"a"))
+        nxt = asyncio.create_task(_place(gate, b"a"))
         await asyncio.sleep(0)
         holder.release()  # the place goes to `cancelled`...
         cancelled.cancel()  # ...which is cancelled in the same step
@@ -116,15 +123,15 @@ def test_a_call_cancelled_as_it_is_handed_a_place_passes_the_place_on() -> None:
 def test_a_call_cancelled_in_line_and_dropped_by_a_release_before_it_runs_leaves_quietly() -> None:
     async def scenario() -> None:
         gate = Gate(lambda: 1)
-        holder = await gate.enter(b"a")
-        waiter = asyncio.create_task(gate.enter(b"a"))
+        holder = await _place(gate, b"a")
+        waiter = asyncio.create_task(_place(gate, b"a"))
         await asyncio.sleep(0)
         waiter.cancel()  # its turn is cancelled at once; its own code runs at its next step
         holder.release()  # drops the cancelled turn, and the line with it
         with pytest.raises(asyncio.CancelledError):
             await waiter
         assert gate.passing(b"a") == 0 and gate.waiting(b"a") == 0
-        again = await asyncio.wait_for(gate.enter(b"a"), 1)
+        again = await asyncio.wait_for(_place(gate, b"a"), 1)
         again.release()
 
     asyncio.run(scenario())
