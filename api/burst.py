@@ -45,8 +45,8 @@ Django makes a request of it:
   behind every callback then ready).
 
 A POST past the process's or its credential's share of calls in flight (config/asgi.py) is
-answered the same way once the view has answered one: the edge decides the overload, the
-answer's bytes are the view's (they name no caller), the row is the call's own.
+answered at the edge too, from its first one on: the answer names no caller, so the edge makes
+it as the view makes it (`rendered_refusal`), and the row is the call's own.
 
 What is answered from memory is what the view would answer: the request must be valid (the
 view's own parser reads it, from headers the edge reads exactly as Django would, or the edge
@@ -62,7 +62,7 @@ full queue from memory (the view checks those first and could answer otherwise).
 from __future__ import annotations
 
 import asyncio
-import json
+import functools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -372,36 +372,29 @@ def _memo_key(read: ReadCall | None, credential: bytes) -> MemoKey | None:
     return (credential, read.parsed.worker_id or "", read.draft.operation)
 
 
-# The view's SERVICE_OVERLOADED answer to an execute POST, once it has given one: the same for
-# every caller (no body is read, nobody is looked up), so later ones are sent from here.
-_overloaded: list[Answer] = []
-
-
 def overloaded_at_edge(scope: dict[str, Any]) -> Answer | None:
     """The answer of an execute POST past this process's (or its key's) share of calls in
-    flight, its row written; None: the view answers it (and teaches this one). The edge
-    decides the overload itself; only the answer's bytes are the view's."""
-    if not _overloaded or shutdown.stopping():
+    flight, made here as the view makes it, its row written; None: the view answers it. The
+    answer is the same for every caller (no body is read, nobody is looked up), so it is made
+    here from the first such call on: had the edge waited for the view to answer one first,
+    every call that arrived meanwhile would have gone through Django's request and the view
+    too (on a loop busy with a 2,000-call burst, all 1,501 of its overloaded calls did)."""
+    if shutdown.stopping():
         return None  # a stopping process answers SHUTTING_DOWN first
     headers = _edge_headers(scope)
     if headers is None or declared_too_large(headers):
         return None
+    answer = _overloaded_answer()
     draft = CompletionDraft()
     describe_headers(headers, draft)
-    draft.answered(_overloaded[0].status, refusals.service_overloaded())
+    draft.answered(answer.status, refusals.service_overloaded())
     emit_row(draft)
-    return _overloaded[0]
+    return answer
 
 
-def learn_overloaded(response: HttpResponseBase) -> None:
-    """Keep the view's answer to an overloaded execute POST."""
-    if not _overloaded and isinstance(response, HttpResponse) and response.status_code == 503:
-        try:
-            code = json.loads(response.content).get("code")
-        except ValueError:
-            return
-        if code == "SERVICE_OVERLOADED":
-            _overloaded.append(Answer.of(response))
+@functools.cache
+def _overloaded_answer() -> Answer:
+    return Answer.of(rendered_refusal(refusals.service_overloaded()))
 
 
 @dataclass

@@ -164,8 +164,6 @@ class SluiceAsgiHandler(ASGIHandler):
             if isinstance(response, burst.Answer):
                 await response.send(send)
                 return
-            if overloaded and burst.gated(scope):
-                burst.learn_overloaded(response)
             try:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.send_response(response, send)

@@ -212,16 +212,18 @@ def test_a_refusal_held_in_memory_is_answered_at_the_edge_word_for_word(
     assert rows[2]["principal_hash"] and rows[2]["code"] == "RATE_LIMITED"
 
 
-def test_an_overloaded_call_gets_the_views_answer_from_the_edge(
+def test_an_overloaded_call_is_answered_at_the_edge_as_the_view_answers_it(
     transactional_db: None,
     account_factory: Any,
     caplog: pytest.LogCaptureFixture,
     settings: Any,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """From the first overloaded call on, with nothing learned from the view: in a burst, every
+    call read before the view had answered one went through it. A call the edge leaves to
+    Django (a header name with an underscore) gets the view's answer; the edge's is the same
+    word for word, and so is the row."""
     owner = account_factory()
     settings.SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY = 0  # every call is past its key's share
-    monkeypatch.setattr(burst, "_overloaded", [])  # nothing learned yet in this process
     body = json.dumps(BODY).encode()
     headers = _headers(
         body,
@@ -229,16 +231,19 @@ def test_an_overloaded_call_gets_the_views_answer_from_the_edge(
         x_librechat_code_worker_id=owner.worker_id,
         x_librechat_workspace_request_id="req-0123456789abcdef",
     )
-    (by_view, at_edge), viewed, rows = _calls(headers, body, 2, caplog)
-    assert viewed == 1  # the second never reached Django's request or the view
+    (at_edge, _), viewed_at_edge, edge_rows = _calls(headers, body, 2, caplog)
+    assert viewed_at_edge == 0  # neither reached Django's request or the view
+    caplog.clear()
+    (by_view,), viewed, view_rows = _calls([*headers, (b"x-left_to_django", b"1")], body, 1, caplog)
+    assert viewed == 1
     assert by_view[0]["status"] == 503
     assert json.loads(by_view[1]["body"])["code"] == "SERVICE_OVERLOADED"
     assert at_edge == by_view  # word for word, Connection: close and Retry-After included
     varying = {"uid", "started", "duration_ms"}
-    assert len(rows) == 2
-    assert _without(rows[0], varying) == _without(rows[1], varying)
-    assert rows[1]["worker_id"] == owner.worker_id
-    assert rows[1]["request_id"] == "req-0123456789abcdef"
+    assert len(edge_rows) == 2 and len(view_rows) == 1
+    assert _without(edge_rows[0], varying) == _without(view_rows[0], varying)
+    assert edge_rows[0]["worker_id"] == owner.worker_id
+    assert edge_rows[0]["request_id"] == "req-0123456789abcdef"
 
 
 @pytest.mark.parametrize(("limit_read_s_ago", "together"), [(0, False), (10, False), (0, True)])
