@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from livesupport import wait_until
 
-from admission.completion import CompletionDraft, metrics_key, stream_key
+from admission.completion import CompletionDraft, _decode, metrics_key, stream_key
 from admission.durable import DurableSweeper, durable_status
 from admission.queue import AsyncQueue, SyncQueue, durable_index_key, offer_tokens, worker_keys
 from admission.refusals import Refusal
@@ -137,7 +137,9 @@ def rows(sync_redis: redis.Redis) -> dict[str, list[dict[str, str]]]:
     found: dict[str, list[dict[str, str]]] = {}
     entries: Any = sync_redis.xrange(stream_key())
     for _id, fields in entries:
-        found.setdefault(str(fields["request_id"]), []).append(dict(fields))
+        # As strings ("" for None), as the assertions below read them.
+        row = {k: "" if v is None else str(v) for k, v in _decode(fields).items()}
+        found.setdefault(row["request_id"], []).append(row)
     return found
 
 

@@ -31,7 +31,7 @@ def own_stream(settings: Any) -> Any:
 def rows_of(uid: str) -> int:
     with redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True) as client:
         entries: list[Any] = client.xrange(stream_key()) or []
-    return sum(1 for _, fields in entries if fields.get("uid") == uid)
+    return sum(1 for _, fields in entries if completion._decode(fields)["uid"] == uid)
 
 
 def finished_draft() -> CompletionDraft:

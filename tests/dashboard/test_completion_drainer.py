@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 import redis
 
-from admission.completion import CompletionDraft, CompletionDrainer, _encode, stream_key
+from admission.completion import (
+    CompletionDraft,
+    CompletionDrainer,
+    _decode,
+    _encode,
+    stream_key,
+)
 from admission.models import CompletionLog
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,7 +71,24 @@ def test_rows_arriving_within_the_linger_land_in_one_batch_and_leave_the_stream(
     assert CompletionLog.objects.filter(uid__in=uids).count() == 4
     # Acknowledged and deleted: nothing of them is left for another drainer.
     left: list[Any] = client.xrange(stream_key()) or []
-    assert all(fields.get("uid") not in uids for _, fields in left)
+    assert left == [] or all(_decode(fields)["uid"] not in uids for _, fields in left)
+
+
+def test_a_row_an_earlier_release_wrote_one_field_per_column_still_lands(
+    client: redis.Redis,
+) -> None:
+    """Rows still in the stream after an upgrade: written one string field per column, ""
+    for None (as API processes did before the row became one JSON field)."""
+    old = CompletionDraft(operation="read_file", outcome="completed", admission_outcome="admitted")
+    old.answered(200)
+    row = old.row()
+    assert row["exec_ms"] is None
+    client.xadd(stream_key(), {k: "" if v is None else str(v) for k, v in row.items()})
+    new = add_row(client)
+    assert drainer(client, linger_s=0.0, block_ms=2000).drain_once() == 2
+    landed = CompletionLog.objects.get(uid=old.uid)
+    assert (landed.http_status, landed.exec_ms, landed.operation) == (200, None, "read_file")
+    assert CompletionLog.objects.filter(uid=new).count() == 1
 
 
 def test_a_full_batch_does_not_wait_for_the_linger(client: redis.Redis) -> None:
