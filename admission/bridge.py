@@ -75,6 +75,16 @@ def _now(now: datetime | None) -> datetime:
     return now if now is not None else timezone.now()
 
 
+def _new_code() -> str:
+    """24 random bytes as exactly 32 base64url characters, never beginning with "-": one in 64
+    would, and `runworker --pairing-code CODE` (as docs/workers.md gives it) would then take
+    the code for an option and refuse to start."""
+    while True:
+        code = secrets.token_urlsafe(24)
+        if not code.startswith("-"):
+            return code
+
+
 def pairing_create(
     *,
     caller: Caller,
@@ -85,7 +95,7 @@ def pairing_create(
     """A fresh single-use code for `worker_id` in the caller's tenant. Any earlier unspent code
     of the tenant for that id stops working. Nothing else is looked at (see the module's note)."""
     at = _now(now)
-    code = secrets.token_urlsafe(24)  # 24 bytes -> exactly 32 base64url characters
+    code = _new_code()
     expires_at = at + timedelta(seconds=PAIRING_TTL_S)
     with transaction.atomic():
         WorkerPairing.objects.filter(

@@ -90,6 +90,13 @@ def test_a_code_is_32_urlsafe_characters_kept_only_as_its_hash_and_dies_within_1
     assert not Worker.objects.filter(worker_id=pairing.worker_id).exists()
 
 
+def test_a_code_never_begins_with_a_dash(owner: Cast, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runworker --pairing-code CODE` would read such a code as an option (one in 64 did)."""
+    drawn = iter(["-" + "a" * 31, "b" * 32])
+    monkeypatch.setattr(bridge.secrets, "token_urlsafe", lambda _n: next(drawn))
+    assert pairing_create(caller=owner.caller, worker_id=new_id()).code == "b" * 32
+
+
 def test_a_code_redeems_once_and_then_says_it_was_used(owner: Cast) -> None:
     pairing = pairing_create(caller=owner.caller, worker_id=new_id())
     answer = pairing_redeem(code=pairing.code)
