@@ -123,13 +123,11 @@ class SluiceAsgiHandler(ASGIHandler):
                 return
         with body_file:
             set_script_prefix(get_script_prefix(scope))
-            read = (
-                burst.read_at_edge(scope, body_file.getvalue())
-                if read_whole and burst.gated(scope)
-                else None
-            )
+            # An execute POST whose whole body was read: the edge reads it itself.
+            at_edge = read_whole and burst.gated(scope)
+            read = burst.read_at_edge(scope, body_file.getvalue()) if at_edge else None
             arrival = None
-            if read_whole and burst.gated(scope) and not overloaded:
+            if at_edge and not overloaded:
                 # Answered from memory (a refusal that holds: no Django request, view or
                 # response), or counted in its line as it is read, before the next arrival is
                 # (api/burst.py).
