@@ -24,8 +24,6 @@ log = logging.getLogger("sluice.worker")
 
 # Time kept back from the exec deadline so the result still reaches the API in time.
 SETTLE_MARGIN_MS = 500
-# A ticket is remembered this long past its deadline; any redelivery after that is expired.
-REMEMBER_TICKET_S = 3600.0
 # How long an assignment for an incarnation the worker is registering as waits for the answer
 # (a registration makes 3 attempts of at most 10 s; a call late by then is dropped at its
 # deadline).
@@ -101,7 +99,7 @@ def _run_one(
     ticket = int(granted["ticket"])
     fields.update(ticket=ticket, slot=granted["slot"])
     assignment = {**assignment, **granted}
-    if not st.first_sight(ticket, REMEMBER_TICKET_S):
+    if not st.first_sight(ticket):
         st.count_drop("duplicate")
         log.warning("duplicate delivery dropped", extra=fields)
         return None
