@@ -99,11 +99,11 @@ def _run_one(
     ticket = int(granted["ticket"])
     fields.update(ticket=ticket, slot=granted["slot"])
     assignment = {**assignment, **granted}
-    if not st.first_sight(ticket):
+    remaining_ms = float(assignment["execDeadlineMs"]) - st.redis_now_ms()
+    if not st.first_sight(ticket, remaining_ms):
         st.count_drop("duplicate")
         log.warning("duplicate delivery dropped", extra=fields)
         return None
-    remaining_ms = float(assignment["execDeadlineMs"]) - st.redis_now_ms()
     if remaining_ms <= 0:
         st.count_drop("expired")
         log.warning("assignment past its deadline dropped", extra=fields)

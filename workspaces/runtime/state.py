@@ -52,33 +52,34 @@ class HandedCall(Protocol):
     def grant(self) -> dict[str, Any] | None: ...
 
 
-# A ticket is remembered this long after it is first seen, far past any call's deadline: a
-# redelivery after that is dropped as expired anyway.
-REMEMBER_TICKET_S = 3600.0
+# A ticket is remembered until this long after its call's exec deadline (which the worker
+# reads on its own clock, corrected by the Redis clock at every heartbeat): a redelivery
+# after that is dropped as expired anyway.
+TICKET_MARGIN_S = 120.0
 
 
 class Tickets:
-    """The fencing tickets this incarnation has run, each remembered for `remember_s`.
+    """The fencing tickets this incarnation has run, each remembered until its call's
+    deadline has long passed.
 
-    Every ticket lives equally long, so the order tickets were first seen is the order they
-    may be forgotten: a look forgets from the oldest end and stops at the first ticket still
-    remembered, O(1) amortized however many are remembered. (A scan of them all, as before,
-    cost 7 ms a call with an hour's 360,000 tickets at 100 calls/s, on the path from one
-    call's end to the next one's start.)
+    A look forgets from the oldest end and stops at the first ticket still remembered: O(1)
+    amortized however many are remembered. (A scan of them all, as before, cost 7 ms a call
+    with an hour's 360,000 tickets at 100 calls/s, on the path from one call's end to the next
+    one's start.) A ticket is never forgotten before its time: one behind a longer-lived
+    older one waits for it, which only keeps it longer. Calls' budgets are alike (30 s for a
+    read, the command's timeout plus 5 s), so that is seldom long.
     """
 
-    def __init__(
-        self, remember_s: float = REMEMBER_TICKET_S, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.remember_s = remember_s
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.remembered: set[int] = set()
         self.order: deque[tuple[float, int]] = deque()  # (when it may be forgotten, ticket)
         # Tickets a look has compared with the clock, in all: what makes its cost testable.
         self.examined = 0
 
-    def first_sight(self, ticket: int) -> bool:
-        """True the first time a ticket is seen; a redelivery returns False."""
+    def first_sight(self, ticket: int, remember_s: float) -> bool:
+        """True the first time a ticket is seen (then remembered for `remember_s`); a
+        redelivery returns False."""
         now = self.clock()
         while self.order:
             self.examined += 1
@@ -90,7 +91,7 @@ class Tickets:
         if ticket in self.remembered:
             return False
         self.remembered.add(ticket)
-        self.order.append((now + self.remember_s, ticket))
+        self.order.append((now + remember_s, ticket))
         return True
 
     def clear(self) -> None:
@@ -148,10 +149,11 @@ class WorkerState:
         after = time.time()
         self.clock_offset_ms = seconds * 1000 + micros / 1000 - (before + after) * 500
 
-    def first_sight(self, ticket: int) -> bool:
-        """True the first time this incarnation sees a ticket; a redelivery returns False."""
+    def first_sight(self, ticket: int, remaining_ms: float) -> bool:
+        """True the first time this incarnation sees a ticket whose call has `remaining_ms`
+        left; a redelivery returns False."""
         with self.lock:
-            return self.seen.first_sight(ticket)
+            return self.seen.first_sight(ticket, max(remaining_ms, 0) / 1000 + TICKET_MARGIN_S)
 
     def reincarnate(self, incarnation: str) -> None:
         """Switch to a new incarnation; tickets restart with it, so the seen set does too."""
