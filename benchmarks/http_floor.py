@@ -1,10 +1,20 @@
-"""The floor under benchmarks/overload.py's 429 latency: the same burst of POSTs, through the
-same minimal client, against an ASGI application that does nothing but answer 429 (the body
-read, no Django, no Redis), under uvicorn started as the API is. What is left between this
-figure and overload.py's is Sluice's own work on the loop, and what the rest of a live
-instance (workers, drainer, Redis, the other tenant's calls) takes of the same two cores.
+"""The floor under benchmarks/overload.py's figures: the same burst of POSTs, through the
+same minimal client, against an ASGI application that does nothing but answer (the body read,
+no Django, no Redis), under uvicorn started as the API is. What is left between these figures
+and overload.py's is Sluice's own work on the loop, and what the rest of a live instance
+(workers, drainer, Redis) takes of the same two cores.
 
     .venv/bin/python benchmarks/http_floor.py [--burst 320] [--runs 3]
+
+Two figures per run:
+
+* the burst's 429 latency from the wire (overload.py's target: p99 within 100 ms);
+* the other tenant's: overload.py's own neighbour (`neighbour_process`, httpx, a process of
+  its own) calls the same application, answered 200, 30 times before the burst and 30 times
+  during it. `neighbour_added_p99_ms` is what the burst added to its p99: Sluice runs the
+  same uvicorn, client and kernel, so it adds at least about as much. overload.py's target
+  is the neighbour's p99 within 2x its baseline; with Sluice's baseline p99 of B ms, a floor
+  that adds more than B ms already misses it, whatever Sluice's own work costs.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import socket
 import subprocess
 import sys
@@ -22,23 +33,32 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import harness
+from overload import neighbour_process
 
 from soak.agents import Agent
 
 HERE = Path(__file__).resolve().parent
 
 ANSWER = json.dumps({"error": "The worker's queue is full", "code": "WORKER_QUEUE_FULL"}).encode()
+# The other tenant's credential, answered 200 with a small read's answer.
+NEIGHBOUR = "Bearer neighbour"
+READ = json.dumps(
+    {"protocolVersion": 1, "operation": "read_file", "workspaceId": "w", "content": "x" * 200}
+).encode()
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Reads the whole request, answers 429 (uvicorn loads this module as `http_floor:app`)."""
+    """Reads the whole request, answers 429, or 200 to the other tenant (uvicorn loads this
+    module as `http_floor:app`)."""
     if scope["type"] != "http":
         return
     while (await receive()).get("more_body"):
         pass
+    theirs = (b"authorization", NEIGHBOUR.encode()) in scope["headers"]
     headers = [(b"content-type", b"application/json"), (b"retry-after", b"1")]
-    await send({"type": "http.response.start", "status": 429, "headers": headers})
-    await send({"type": "http.response.body", "body": ANSWER})
+    status = 200 if theirs else 429
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": READ if theirs else ANSWER})
 
 
 async def _one(url: str) -> float:
@@ -56,15 +76,37 @@ async def _one(url: str) -> float:
     return (time.perf_counter() - sent[0]) * 1000
 
 
-async def _burst(url: str, n: int) -> list[float]:
-    return list(await asyncio.gather(*(_one(url) for _ in range(n))))
+async def _burst(urls: list[str], n: int) -> list[float]:
+    return list(await asyncio.gather(*(_one(urls[i % len(urls)]) for i in range(n))))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--burst", type=int, default=320)
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+def _run(urls: list[str], n: int) -> dict[str, Any]:
+    """One burst, with the other tenant calling the first process before and during it."""
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    neighbour = multiprocessing.get_context("spawn").Process(
+        target=neighbour_process, args=(urls[0], {"Authorization": NEIGHBOUR}, theirs), daemon=True
+    )
+    neighbour.start()
+    try:
+        baseline = ours.recv()
+        ours.send("go")
+        refused_429 = asyncio.run(_burst(urls, n))
+        during, refused = ours.recv()
+    finally:
+        neighbour.join(timeout=30)
+    if refused or len(during) != len(baseline):
+        raise RuntimeError(f"the other tenant was answered otherwise: {refused}")
+    before, added = harness.summary(baseline), harness.summary(during)
+    return {
+        "429_from_the_wire": harness.summary(refused_429),
+        "neighbour_baseline": before,
+        "neighbour_during": added,
+        "neighbour_added_p99_ms": round(added["p99_ms"] - before["p99_ms"], 2),
+        "neighbour_p99_ratio": round(added["p99_ms"] / before["p99_ms"], 2),
+    }
+
+
+def _serve() -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -75,23 +117,45 @@ def main() -> int:
             "--no-access-log",
         ],
     )
-    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise RuntimeError("uvicorn did not start") from None
+            time.sleep(0.1)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--burst", type=int, default=320)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--api-processes", type=int, default=1, help="as overload.py: the burst goes round"
+    )
+    args = parser.parse_args()
+    servers: list[subprocess.Popen[bytes]] = []
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError("uvicorn did not start") from None
-                time.sleep(0.1)
-        asyncio.run(_burst(url, 10))  # warm: the first connections of a process cost more
-        runs = [harness.summary(asyncio.run(_burst(url, args.burst))) for _ in range(args.runs)]
+        urls = []
+        for _ in range(args.api_processes):
+            server, url = _serve()
+            servers.append(server)
+            urls.append(url)
+        for url in urls:
+            asyncio.run(_burst([url], 10))  # warm: the first connections of a process cost more
+        runs = [_run(urls, args.burst) for _ in range(args.runs)]
     finally:
-        server.terminate()
-        server.wait(10)
-    print(json.dumps({"burst": args.burst, "429_from_the_wire": runs}, indent=2))
+        for server in servers:
+            server.terminate()
+            server.wait(10)
+    print(
+        json.dumps(
+            {"burst": args.burst, "api_processes": args.api_processes, "runs": runs}, indent=2
+        )
+    )
     return 0
 
 
