@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import harness
+from livesupport import free_port, wait_until
 from overload import neighbour_process
 
 from soak.agents import Agent
@@ -96,20 +97,18 @@ def _run(urls: list[str], n: int) -> dict[str, Any]:
         neighbour.join(timeout=30)
     if refused or len(during) != len(baseline):
         raise RuntimeError(f"the other tenant was answered otherwise: {refused}")
-    before, added = harness.summary(baseline), harness.summary(during)
+    calm, busy = harness.summary(baseline), harness.summary(during)
     return {
         "429_from_the_wire": harness.summary(refused_429),
-        "neighbour_baseline": before,
-        "neighbour_during": added,
-        "neighbour_added_p99_ms": round(added["p99_ms"] - before["p99_ms"], 2),
-        "neighbour_p99_ratio": round(added["p99_ms"] / before["p99_ms"], 2),
+        "neighbour_baseline": calm,
+        "neighbour_during": busy,
+        "neighbour_added_p99_ms": round(busy["p99_ms"] - calm["p99_ms"], 2),
+        "neighbour_p99_ratio": round(busy["p99_ms"] / calm["p99_ms"], 2),
     }
 
 
 def _serve() -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "uvicorn", "http_floor:app", "--app-dir", str(HERE)),
@@ -117,16 +116,22 @@ def _serve() -> tuple[subprocess.Popen[bytes], str]:
             "--no-access-log",
         ],
     )
-    deadline = time.monotonic() + 30
-    while True:
+
+    def answering() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError("uvicorn did not start")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return server, f"http://127.0.0.1:{port}"
+                return True
         except OSError:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise RuntimeError("uvicorn did not start") from None
-            time.sleep(0.1)
+            return False
+
+    try:
+        wait_until(answering, timeout_s=30, interval_s=0.1)
+    except (AssertionError, RuntimeError):
+        server.kill()
+        raise
+    return server, f"http://127.0.0.1:{port}"
 
 
 def main() -> int:
