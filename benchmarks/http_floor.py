@@ -92,7 +92,7 @@ def _run(urls: list[str], n: int) -> dict[str, Any]:
         baseline = ours.recv()
         ours.send("go")
         refused_429 = asyncio.run(_burst(urls, n))
-        during, refused = ours.recv()
+        during, refused, _ = ours.recv()
     finally:
         neighbour.join(timeout=30)
     if refused or len(during) != len(baseline):

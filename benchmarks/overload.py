@@ -3,12 +3,17 @@ concurrent calls from one principal, while a second tenant calls its own worker.
 
     .venv/bin/python benchmarks/overload.py                 # 320 calls (10 x queue limit 32)
     .venv/bin/python benchmarks/overload.py --burst 2000 --check     # the `make soak` variant
+    .venv/bin/python benchmarks/overload.py --serve-as-make-run --api-processes 2
 
 Real processes, as `tests/livesupport.py` starts them: API processes (uvicorn; one by
 default, so the burst and the neighbour share one event loop, the worst case), the completion
 drainer, and two `runworker` workers: the burst's (1 slot, its slot held by a long command so
 the burst queues) and the neighbour's (2 slots). The limits are the defaults (queue limit 32,
 rate limit 120 per 30 s), so most of the burst is refused by the rate limit or the full queue.
+With `--api-processes N` the burst goes round the N processes' ports and the neighbour calls
+the first; with `--serve-as-make-run` as well, the N processes share one port as `make run`
+serves them (scripts/devprocs.py `api_serve_args`), and the kernel gives each connection to
+whichever process accepts it first.
 
 The burst's calls go out through a minimal HTTP/1.1 client (`raw_timed`, one connection
 each), the neighbour's through httpx: httpx spent ~15 ms of CPU per call here (4.9 s for a
@@ -22,7 +27,11 @@ registrations lost (the reg key of either worker missing at any sample, or a wor
 to register again; 0 expected); admitted calls that waited past their allowance + 1 s (from
 the completion rows; 0 expected) and queue timeouts answered that late; Redis connections of each API process (CLIENT LIST, by the
 client name `sluice-api:<pid>`) before, at most during, and after; API RSS before and 10 s
-after (target: within 10 %).
+after (target: within 10 %). And where the neighbour's slowest call during the burst spent its
+time (`neighbour_slowest`): when it started after the burst did, and of what its client
+measured, the part before the API read its request (connect, accept, headers, body), the API's
+own (its completion row: before admission, from admission to the worker's result), and the
+part after the row (the answer's way back to the client).
 
 Benchmarks report; with `--check` this one also exits 1 when a bound that does not depend on
 this machine's speed is broken: a lost registration, a wait past allowance + 1 s, a call
@@ -41,6 +50,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -163,22 +173,69 @@ async def raw_timed(url: str, headers: dict[str, str], body: Any) -> tuple[int, 
 
 
 async def neighbour_calls(
-    client: Any, url: str, headers: dict[str, str], n: int, refused: Counter[str]
+    client: Any,
+    url: str,
+    headers: dict[str, str],
+    n: int,
+    refused: Counter[str],
+    spans: list[tuple[float, float]] | None = None,
 ) -> list[float]:
-    """`n` calls one after another; the time of each answered 200, the others counted."""
+    """`n` calls one after another; the time of each answered 200, the others counted, and
+    (into `spans`) each answered call's start and end by the wall clock, which the API's rows
+    share."""
     times = []
     for _ in range(n):
+        began = time.time()
         status, code, elapsed = await timed(client, url, headers, read())
         if status == 200:
             times.append(elapsed)
+            if spans is not None:
+                spans.append((began, time.time()))
         else:
             refused[f"{status} {code}"] += 1
     return times
 
 
+def slowest_neighbour_call(
+    spans: list[tuple[float, float]], burst_started_at: float, worker_id: str
+) -> dict[str, Any]:
+    """Where the neighbour's slowest call during the burst spent its time: its client's span
+    beside its completion row, whose start is when the API had read the request."""
+    from admission.models import CompletionLog
+
+    if not spans:
+        return {}
+    began, ended = max(spans, key=lambda span: span[1] - span[0])
+    client_ms = (ended - began) * 1000
+    found: dict[str, Any] = {
+        "started_after_the_burst_ms": round((began - burst_started_at) * 1000, 1),
+        "client_ms": round(client_ms, 1),
+    }
+    row = (
+        CompletionLog.objects.filter(
+            worker_id=worker_id,
+            created_at__gte=datetime.fromtimestamp(began, tz=UTC),
+            created_at__lte=datetime.fromtimestamp(ended, tz=UTC),
+        )
+        .order_by("created_at")
+        .first()
+    )
+    if row is None:
+        return found | {"row": "not found"}
+    before_ms = (row.created_at.timestamp() - began) * 1000
+    return found | {
+        "before_the_api_read_it_ms": round(before_ms, 1),
+        "api_row_ms": row.duration_ms,
+        "api_before_admission_ms": row.queue_wait_ms,
+        "api_admission_to_result_ms": row.exec_ms,
+        "after_the_row_ms": round(client_ms - before_ms - row.duration_ms, 1),
+    }
+
+
 def neighbour_process(url: str, headers: dict[str, str], pipe: Any) -> None:
     """The other tenant, a client of its own (its own process, as another tenant's machine
-    is): 30 calls before the burst, then, once told, 30 during it."""
+    is): 30 calls before the burst, then, once told, 30 during it. Sends the baseline's
+    times, then (the times during the burst, the refusals by code, their wall-clock spans)."""
     import httpx
 
     async def main() -> None:
@@ -188,8 +245,9 @@ def neighbour_process(url: str, headers: dict[str, str], pipe: Any) -> None:
             pipe.send(await neighbour_calls(client, url, headers, 30, Counter()))
             pipe.recv()  # the burst starts
             refused: Counter[str] = Counter()
-            during = await neighbour_calls(client, url, headers, 30, refused)
-            pipe.send((during, dict(refused)))
+            spans: list[tuple[float, float]] = []
+            during = await neighbour_calls(client, url, headers, 30, refused, spans)
+            pipe.send((during, dict(refused), spans))
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     asyncio.run(main())
@@ -211,6 +269,7 @@ def scenario(
         baseline = await asyncio.to_thread(ours.recv)
         waiting = owner_h | {"X-LibreChat-Workspace-Queue-Wait-Ms": str(ALLOWANCE_MS)}
         ours.send("go")
+        started_at = time.time()
         started = time.perf_counter()
         tasks = [
             asyncio.create_task(raw_timed(api_urls[i % len(api_urls)], waiting, read()))
@@ -218,13 +277,15 @@ def scenario(
         ]
         answers = await asyncio.gather(*tasks)
         burst_s = time.perf_counter() - started
-        during, refused = await asyncio.to_thread(ours.recv)
+        during, refused, spans = await asyncio.to_thread(ours.recv)
         return {
             "answers": answers,
             "baseline": baseline,
             "during": during,
             "neighbour_refused": refused,
+            "neighbour_spans": spans,
             "burst_s": burst_s,
+            "started_at": started_at,
         }
 
     try:
@@ -237,6 +298,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--burst", type=int, default=10 * QUEUE_LIMIT)
     parser.add_argument("--api-processes", type=int, default=1)
+    parser.add_argument(
+        "--serve-as-make-run",
+        action="store_true",
+        help="the API processes share one port, with make run's server options",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a bound is broken")
     args = parser.parse_args()
     env = harness.prepare("sluice_bench_overload")
@@ -252,8 +318,11 @@ def main() -> int:
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"sluice-bench-overload-{os.getpid()}"
     owner = harness.account("ovl-burst", tenant="ovl-burst")
     other = harness.account("ovl-other", tenant="ovl-other")
-    apis = [start_api(env) for _ in range(args.api_processes)]
-    pids = [a.process.proc.pid for a in apis]
+    if args.serve_as_make_run:
+        apis = [start_api(env, processes=args.api_processes)]
+    else:
+        apis = [start_api(env) for _ in range(args.api_processes)]
+    pids = [pid for a in apis for pid in a.pids()]
     files = {"README.md": "hello\n" * 20}
     workers = [
         Worker(
@@ -283,15 +352,23 @@ def main() -> int:
         "Authorization": f"Bearer {other['api_key']}",
         "X-LibreChat-Code-Worker-ID": other["worker_id"],
     }
-    results: dict[str, Any] = {"burst": args.burst, "api_processes": len(apis)}
+    results: dict[str, Any] = {
+        "burst": args.burst,
+        "api_processes": len(pids),
+        "served_as": "make run (one port)" if args.serve_as_make_run else "a port each",
+    }
     try:
         import httpx
 
         # Warm both paths (caches, connections) in every API process before "before" is
-        # measured, as a deployment's processes are once it has served for a moment.
-        for api in apis:
-            for h in (owner_h, other_h):
-                httpx.post(api.url + EXECUTE, json=read(), headers=h, timeout=60)
+        # measured, as a deployment's processes are once it has served for a moment. On a
+        # shared port the kernel picks the process: calls go on until each has admitted one.
+        for _ in range(100):
+            for api in apis:
+                for h in (owner_h, other_h):
+                    httpx.post(api.url + EXECUTE, json=read(), headers=h, timeout=60)
+            if all(api_connections(sync, pids).values()):
+                break
         rss_before = {pid: rss_bytes(pid) for pid in pids}
         conns_before = api_connections(sync, pids)
         # The burst's worker has one slot; a long command holds it, so the burst queues.
@@ -383,6 +460,9 @@ def main() -> int:
             # The neighbour's calls during the burst that were not answered 200 (e.g. the API
             # process's cap on calls in flight, SERVICE_OVERLOADED, filled by the burst).
             neighbour_refused_during=out["neighbour_refused"],
+            neighbour_slowest=slowest_neighbour_call(
+                out["neighbour_spans"], out["started_at"], other["worker_id"]
+            ),
             neighbour_p99_ratio=round(
                 harness.percentile(out["during"], 99) / harness.percentile(out["baseline"], 99), 2
             ),

@@ -43,6 +43,7 @@ from scripts.devprocs import (
     VAR,
     Child,
     SetupError,
+    api_serve_args,
     claim_checkout,
     forget_instance,
     manage,
@@ -57,17 +58,9 @@ from scripts.devprocs import (
 )
 
 WORKER_ID = "demo-worker"
-# One event loop is one core: two API processes by default (API_PROCESSES), each with a
-# deadline for a request's headers, a bound on its open connections (config/server.py) and
-# uvicorn's own cap on connections plus requests (docs/deploy.md).
+# One event loop is one core: two API processes by default (API_PROCESSES).
 API_PROCESSES = int(os.environ.get("API_PROCESSES", "2"))
-API_SERVE_ARGS = [
-    "--workers", str(API_PROCESSES),
-    "--http", "config.server:SluiceHttpProtocol",
-    "--timeout-keep-alive", "10",
-    "--limit-concurrency", "4096",
-    "--backlog", "2048",
-]  # fmt: skip
+API_SERVE_ARGS = api_serve_args(API_PROCESSES)
 COMPLETED = "Workspace tool request completed"
 SUMMARY_EVERY_S = 10.0
 BANNER_FILE = VAR / "run" / "banner.txt"

@@ -40,6 +40,21 @@ PY = sys.executable
 DB_NAME = "sluice"
 
 
+def api_serve_args(processes: int) -> list[str]:
+    """How `make run` serves the API, beyond host and port: `processes` uvicorn processes on
+    one listening socket (one event loop is one core), each with a deadline for a request's
+    headers and a bound on its open connections (config/server.py) and uvicorn's own cap on
+    connections plus requests (docs/deploy.md). benchmarks/overload.py serves the same way
+    with `--serve-as-make-run`."""
+    return [
+        "--workers", str(processes),
+        "--http", "config.server:SluiceHttpProtocol",
+        "--timeout-keep-alive", "10",
+        "--limit-concurrency", "4096",
+        "--backlog", "2048",
+    ]  # fmt: skip
+
+
 class SetupError(Exception):
     """Something `make run` needs did not come up; the message says what."""
 

@@ -27,6 +27,8 @@ import httpx
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from scripts.devprocs import api_serve_args
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -149,6 +151,21 @@ class ApiServer:
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=httpx.Timeout(400.0, connect=5.0), **kwargs)
 
+    def pids(self) -> list[int]:
+        """The processes that serve its requests: uvicorn's own, or the workers it started
+        (`start_api(processes=N)`; not its multiprocessing helpers)."""
+        own = self.process.proc.pid
+        try:
+            children = Path(f"/proc/{own}/task/{own}/children").read_text().split()
+        except OSError:
+            return [own]
+        serving = [
+            int(pid)
+            for pid in children
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        return serving or [own]
+
 
 # One completion drainer (`manage.py drain_completions`) per database and Redis namespace that
 # an API of this session writes to, as a deployment runs one beside its API processes. They
@@ -177,11 +194,15 @@ def stop_drainers() -> None:
     _drainers.clear()
 
 
-def start_api(env: dict[str, str], *, drainer: bool = True) -> ApiServer:
-    """A uvicorn API process, and (unless `drainer=False`) the drainer its rows need."""
+def start_api(
+    env: dict[str, str], *, drainer: bool = True, processes: int | None = None
+) -> ApiServer:
+    """A uvicorn API process, and (unless `drainer=False`) the drainer its rows need. With
+    `processes`: served as `make run` serves it, that many processes on one port."""
     if drainer:
         ensure_drainer(env)
     port = free_port()
+    serving = [] if processes is None else api_serve_args(processes)
     proc = Process(
         [
             PYTHON,
@@ -197,6 +218,7 @@ def start_api(env: dict[str, str], *, drainer: bool = True) -> ApiServer:
             "--no-access-log",
             "--timeout-graceful-shutdown",
             "2",
+            *serving,
         ],
         env,
         f"api:{port}",
@@ -205,12 +227,15 @@ def start_api(env: dict[str, str], *, drainer: bool = True) -> ApiServer:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code in (200, 503):
-                return ApiServer(url, proc)
+            answered = httpx.get(f"{url}/healthz", timeout=1).status_code in (200, 503)
         except httpx.TransportError:
-            time.sleep(0.1)
+            answered = False
+        # Several processes: each of them has started (one answering is not all of them).
+        if answered and len(ApiServer(url, proc).pids()) >= (processes or 1):
+            return ApiServer(url, proc)
         if not proc.alive():
             break
+        time.sleep(0.1)
     raise AssertionError("API server did not start:\n" + proc.output())
 
 

@@ -25,7 +25,7 @@ import httpx
 import psycopg
 import pytest
 from django.conf import settings
-from livesupport import PYTHON, ROOT, Process, free_port, wait_until
+from livesupport import PYTHON, ROOT, Process, free_port, start_api, wait_until
 from psycopg.conninfo import make_conninfo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -211,3 +211,22 @@ def test_a_stale_instance_file_is_not_followed(checkout: Path) -> None:
     assert refused.returncode == 2
     assert "no `make run` is running in this checkout" in refused.stderr
     assert json.dumps(refused.stderr).count("\\n") == 1
+
+
+@pytest.mark.e2e
+def test_an_api_served_as_make_run_starts_every_process_before_it_is_used(
+    live_env: dict[str, str], transactional_db: None
+) -> None:
+    """benchmarks/overload.py --serve-as-make-run measures each process (its CPU, memory and
+    Redis connections): `start_api(processes=N)` returns once N processes serve the one
+    port, and names those, not uvicorn's supervisor or multiprocessing's helpers."""
+    server = start_api(live_env, drainer=False, processes=2)
+    try:
+        pids = server.pids()
+        assert len(set(pids)) == 2 and server.process.proc.pid not in pids
+        for pid in pids:
+            assert b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        for _ in range(10):  # each a connection of its own, whichever process takes it
+            assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+    finally:
+        server.process.stop()
