@@ -27,8 +27,6 @@ import httpx
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from scripts.devprocs import api_serve_args
-
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -202,7 +200,12 @@ def start_api(
     if drainer:
         ensure_drainer(env)
     port = free_port()
-    serving = [] if processes is None else api_serve_args(processes)
+    serving = []
+    if processes is not None:
+        # Imported here: with benchmarks/ first on sys.path, `scripts` is benchmarks/scripts.py.
+        from scripts.devprocs import api_serve_args
+
+        serving = api_serve_args(processes)
     proc = Process(
         [
             PYTHON,
