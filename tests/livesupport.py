@@ -145,24 +145,27 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class ApiServer:
     url: str
     process: Process
+    # Started with `start_api(processes=N)`: N processes share its port.
+    processes: int | None = None
 
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=httpx.Timeout(400.0, connect=5.0), **kwargs)
 
     def pids(self) -> list[int]:
-        """The processes that serve its requests: uvicorn's own, or the workers it started
-        (`start_api(processes=N)`; not its multiprocessing helpers)."""
+        """The processes that serve its requests: uvicorn's own, or (`processes`) the ones
+        it started, not its multiprocessing helpers; those that have started so far."""
         own = self.process.proc.pid
+        if self.processes is None:
+            return [own]
         try:
             children = Path(f"/proc/{own}/task/{own}/children").read_text().split()
         except OSError:
-            return [own]
-        serving = [
+            return []
+        return [
             int(pid)
             for pid in children
             if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
         ]
-        return serving or [own]
 
 
 # One completion drainer (`manage.py drain_completions`) per database and Redis namespace that
@@ -226,16 +229,16 @@ def start_api(
         env,
         f"api:{port}",
     )
-    url = f"http://127.0.0.1:{port}"
+    server = ApiServer(f"http://127.0.0.1:{port}", proc, processes)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            answered = httpx.get(f"{url}/healthz", timeout=1).status_code in (200, 503)
+            answered = httpx.get(f"{server.url}/healthz", timeout=1).status_code in (200, 503)
         except httpx.TransportError:
             answered = False
         # Several processes: each of them has started (one answering is not all of them).
-        if answered and len(ApiServer(url, proc).pids()) >= (processes or 1):
-            return ApiServer(url, proc)
+        if answered and len(server.pids()) >= (processes or 1):
+            return server
         if not proc.alive():
             break
         time.sleep(0.1)

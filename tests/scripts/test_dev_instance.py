@@ -213,7 +213,6 @@ def test_a_stale_instance_file_is_not_followed(checkout: Path) -> None:
     assert json.dumps(refused.stderr).count("\\n") == 1
 
 
-@pytest.mark.e2e
 def test_an_api_served_as_make_run_starts_every_process_before_it_is_used(
     live_env: dict[str, str], transactional_db: None
 ) -> None:
