@@ -6,7 +6,8 @@ script whether a resend is safe without parsing anything:
     0  success
     2  not started: safe to resend (typed rejection, nothing sent, cancelled while waiting)
     3  may have run: check the workspace before resending
-    4  invalid: the request (or the command line) is wrong; resending it cannot help
+    4  invalid or refused: the request (or the command line) is wrong, or the worker refused
+       it having done nothing (EDIT_CONFLICT, NOT_FOUND, ...); resending it cannot help
 
 Ctrl-C cancels the call the way a cancel event does, so the exit code stays accurate.
 """
@@ -26,7 +27,7 @@ from typing import IO, Any, NoReturn
 import httpx
 
 from sluice_client.durable_answers import DurableMode
-from sluice_client.errors import WorkspaceToolError, describe, worker_said
+from sluice_client.errors import WorkspaceToolError, describe, worker_refused, worker_said
 from sluice_client.operations import build_request
 from sluice_client.sync_client import Client
 
@@ -45,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def exit_code(error: WorkspaceToolError) -> int:
-    if error.reason == "invalid" and error.not_started:
+    if (error.reason == "invalid" and error.not_started) or worker_refused(error):
         return EXIT_INVALID
     # An invalid *result* means the worker ran the call, so it is reported as "may have run".
     return EXIT_NOT_STARTED if error.not_started else EXIT_MAY_HAVE_RUN

@@ -160,10 +160,16 @@ def describe(error: WorkspaceToolError) -> str:
     `error.message` itself stays as it is: agents read it, and it must never call an
     unknown outcome a refusal.
     """
-    if error.not_started or error.code not in WORKER_REFUSALS or error.truncated:
+    if not worker_refused(error):
         return error.message
-    said = worker_said(error.body) or WORKER_REFUSALS[error.code or ""]
+    said = (worker_said(error.body) or WORKER_REFUSALS[error.code or ""]).rstrip(". ")
     return (
         f"The worker refused the call with {error.code} (HTTP {error.status}): {said}. "
         "It did not carry out the operation."
     )
+
+
+def worker_refused(error: WorkspaceToolError) -> bool:
+    """Whether the worker checked the call and did nothing with the workspace: the outcome is
+    known, and resending the same call would be refused again."""
+    return not error.not_started and error.code in WORKER_REFUSALS and not error.truncated

@@ -107,7 +107,8 @@ def test_an_outcome_that_may_have_run_exits_3(cli: Cli) -> None:
 
 def test_a_worker_refusal_says_what_the_worker_said_and_not_may_have_run(cli: Cli) -> None:
     cli.script.then(typed(422, "NOT_FOUND"))
-    assert cli(*GLOBAL, "read_file", "--workspace", "ws", "--path", "a.txt") == 3
+    # Nothing was done and the same call would be refused again: exit 4, not "may have run".
+    assert cli(*GLOBAL, "read_file", "--workspace", "ws", "--path", "a.txt") == 4
     error = cli.err()
     assert error["said"] == "NOT_FOUND from the script"
     assert error["error"] == (
@@ -115,6 +116,17 @@ def test_a_worker_refusal_says_what_the_worker_said_and_not_may_have_run(cli: Cl
         "It did not carry out the operation."
     )
     assert "may have run" not in error["error"]
+
+
+def test_a_worker_sentence_ending_in_a_full_stop_is_not_doubled(cli: Cli) -> None:
+    said = "oldText occurs 2 times in a.txt; it must occur exactly once."
+    cli.script.then(httpx.Response(409, json={"error": said, "code": "EDIT_CONFLICT"}))
+    argv = [*GLOBAL, "edit_file", "--workspace", "ws", "--path", "a.txt"]
+    argv += ["--old", "x", "--new", "y"]
+    assert cli(*argv) == 4
+    message = cli.err()["error"]
+    assert ".." not in message
+    assert message.startswith("The worker refused the call with EDIT_CONFLICT (HTTP 409): oldText")
 
 
 def test_an_unknown_worker_failure_still_says_it_may_have_run(cli: Cli) -> None:
