@@ -55,12 +55,16 @@ class Frame:
         return max(self.plot_w * self.step.total_seconds() / span, 1.0)
 
 
-def nice_ceiling(value: float) -> float:
-    """The smallest 1/2/2.5/5 x 10^n at or above value (the y axis top)."""
-    if value <= 0:
-        return 1.0
-    exp = 10 ** math.floor(math.log10(value))
-    return next(m * exp for m in (1, 2, 2.5, 5, 10) if m * exp >= value)
+def nice_ceiling(value: float, *, whole: bool = False) -> float:
+    """The y axis top: four gridline steps of 1/2/2.5/5 x 10^n, the smallest that reach value,
+    so every tick reads as a round number (never 6.25 or 18.75); `whole` keeps steps of counts
+    at 1 or more."""
+    quarter = max(value, 0) / 4
+    if quarter <= 0:
+        return 4.0 if whole else 1.0
+    exp = 10 ** math.floor(math.log10(quarter))
+    step = next(m * exp for m in (1, 2, 2.5, 5, 10) if m * exp >= quarter * (1 - 1e-9))
+    return 4 * max(step, 1.0) if whole else 4 * step
 
 
 def _y_axis(frame: Frame, fmt: Callable[[float], str], label: str) -> list[str]:
@@ -183,7 +187,7 @@ def stacked_bars(
 ) -> SafeString:
     """One bar per bucket, stacked by category (key, label, color) from the bottom up."""
     totals = [sum(counts.values()) for counts in buckets.values()]
-    frame = Frame(since, until, step, nice_ceiling(max(totals, default=1)))
+    frame = Frame(since, until, step, nice_ceiling(max(totals, default=1), whole=True))
     parts = _y_axis(frame, lambda v: f"{v:g}", y_label) + _x_axis(frame)
     if not buckets:
         _empty(frame, parts)
