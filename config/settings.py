@@ -6,6 +6,7 @@ import hashlib
 import os
 import secrets
 import sys
+import warnings
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -249,6 +250,13 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
+# WhiteNoise serves files through a synchronous iterator, which Django's ASGI handler reads on a
+# thread and warns about on every static file; for a few small files that is fine, and the
+# warning only buries real ones in the `make run` terminal.
+warnings.filterwarnings(
+    "ignore",
+    message="StreamingHttpResponse must consume synchronous iterators",
+)
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
