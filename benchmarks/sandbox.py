@@ -3,7 +3,8 @@
 Runs the same `true` request unconfined and sandboxed, interleaved call by call so both see
 the same load, and reports each one's p50 and p99 and the difference at each percentile. The
 sandbox is the one a worker builds (workspaces/sandbox.py: namespaces, hidden worker files,
-prlimit), on a scratch workspace of its own. Needs no database or Redis.
+prlimit, read-only git metadata), on a scratch git checkout of its own with one linked-worktree
+lane, as a worker's workspaces are. Needs no database or Redis.
 
     .venv/bin/python benchmarks/sandbox.py [--calls N]
 """
@@ -14,6 +15,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +38,13 @@ def main() -> int:
     calls = parser.parse_args().calls
     root = os.path.realpath(tempfile.mkdtemp(prefix="sluice-bench-sandbox-"))
     try:
+        git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@sluice.invalid"]
+        for args in (
+            ["init", "-q", "-b", "main"],
+            ["commit", "-q", "--allow-empty", "-m", "initial"],
+            ["worktree", "add", "-q", ".worktrees/lane", "-b", "lane"],
+        ):
+            subprocess.run([*git, *args], cwd=root, check=True, capture_output=True)
         sandbox = worker_sandbox(
             base_dir=str(Path(__file__).resolve().parent.parent), workspace_roots=[root]
         )
