@@ -196,8 +196,27 @@ def _git_layout(workspace_root: str, worktree: str | None) -> _GitLayout:
                     pointers.append(os.path.normpath(os.path.join(admin, lane)))
     admins = [a for a in admins if os.path.isdir(a) and not os.path.islink(a)]
     for git_dir in (*repository, *admins):
-        repository += _submodule_dirs(git_dir)
+        for module in _submodule_dirs(git_dir):
+            repository.append(module)
+            # A submodule's working tree names its git directory with a .git file, as a lane does.
+            tree = _core_worktree(os.path.join(module, "config"))
+            if tree:
+                pointers.append(os.path.normpath(os.path.join(module, tree, ".git")))
     return _GitLayout(tuple(repository), tuple(admins), tuple(pointers))
+
+
+def _core_worktree(config: str) -> str:
+    """``core.worktree`` as git writes it into a submodule's config, or ""."""
+    section = ""
+    for raw in _read_small(config, 65536).decode("utf-8", errors="replace").splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            section = line.strip("[]").strip().lower()
+            continue
+        key, _, value = line.partition("=")
+        if section == "core" and key.strip().lower() == "worktree":
+            return value.strip().strip('"')
+    return ""
 
 
 def _submodule_dirs(git_dir: str) -> list[str]:
@@ -313,10 +332,10 @@ def _place(path: str) -> bool:
             os.unlink(staged)
 
 
-def _read_small(path: str) -> bytes:
+def _read_small(path: str, limit: int = 4096) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.read(4096)
+            return f.read(limit)
     except OSError:
         return b""
 

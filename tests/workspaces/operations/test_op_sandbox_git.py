@@ -319,3 +319,45 @@ def test_the_hosts_git_works_while_a_checkout_command_runs_and_nothing_is_left_a
     assert done["exitCode"] == 0, done
     assert not (repo / ".git" / "commondir").exists()
     assert not [p for p in (repo / ".git").iterdir() if ".sluice-" in p.name]
+
+
+def test_a_submodules_git_directory_and_its_git_file_are_guarded_too(
+    boxed: Run, bare: Run, repo: Path, scratch: Path
+) -> None:
+    library = git_workspace(scratch / "library")
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(library), "lib")
+    git(repo, "commit", "-q", "-m", "lib")
+    module = repo / ".git" / "modules" / "lib"
+    marker = scratch / "planted-ran"
+    plant = (
+        f"git -C lib config core.fsmonitor 'touch {marker}; false'"
+        f" || printf '#!/bin/sh\\ntouch {marker}\\n' > .git/modules/lib/hooks/post-checkout"
+    )
+    # Unconfined, the host's git in the submodule runs what was planted.
+    bare(plant)
+    _plain_git(repo / "lib", "status")
+    assert marker.exists()
+    marker.unlink()
+    git(repo / "lib", "config", "--unset", "core.fsmonitor")
+
+    assert boxed("true")["exitCode"] == 0
+    before = _snapshot(module / "config", module / "hooks", module / "info", repo / "lib" / ".git")
+    attempts = [
+        plant,
+        f"printf '#!/bin/sh\\ntouch {marker}\\n' > .git/modules/lib/hooks/post-checkout",
+        "echo /elsewhere > .git/modules/lib/commondir",
+        "echo 'gitdir: /elsewhere' > lib/.git",
+        "mv lib lib-aside",
+        "mv .git/modules .git/modules-aside",
+    ]
+    for attempt in attempts:
+        result = boxed(attempt)
+        assert result["exitCode"] != 0, (attempt, result)
+    after = _snapshot(module / "config", module / "hooks", module / "info", repo / "lib" / ".git")
+    assert after == before
+    assert not (module / "commondir").exists()
+    _plain_git(repo / "lib", "status")
+    _plain_git(repo, "status")
+    assert not marker.exists()
+    work = boxed(f"echo x > lib/new.txt && cd lib && git add new.txt && {COMMIT} -m in-submodule")
+    assert work["exitCode"] == 0, work["stderr"]
