@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -243,7 +244,8 @@ def git_guard_args(writable: list[str], workspace_root: str, worktree: str | Non
     bound over itself too: a mount point cannot be renamed or removed, so a command cannot
     move ``.git`` (or a lane) aside and put a planted one in its place."""
     layout = _git_layout(workspace_root, worktree)
-    guarded: list[str] = [p for p in layout.pointer_files if os.path.lexists(p)]
+    # A pointer file's path comes from what git wrote, and may pass through a symlink.
+    guarded = [p for p in layout.pointer_files if os.path.lexists(p) and os.path.realpath(p) == p]
     for git_dir in layout.repository_dirs:
         guarded += _prepared(git_dir, _GITDIR_GUARDED)
     for admin in layout.admin_dirs:
@@ -251,10 +253,9 @@ def git_guard_args(writable: list[str], workspace_root: str, worktree: str | Non
     pinned: list[str] = []
     bound: list[str] = []
     for path in dict.fromkeys(guarded):
-        # Only what lies inside a writable tree needs guarding; a symlink is left alone, as
-        # the mount would land on its target and the link itself stay replaceable.
+        # Only what lies inside a writable tree needs guarding.
         base = max((w for w in writable if _within(path, w) and path != w), key=len, default="")
-        if not base or os.path.realpath(path) != path:
+        if not base:
             continue
         chain = []
         between = os.path.dirname(path)
@@ -272,19 +273,24 @@ def git_guard_args(writable: list[str], workspace_root: str, worktree: str | Non
 
 
 def _prepared(git_dir: str, names: tuple[str, ...]) -> list[str]:
-    """The guarded entries of one git directory, those missing that can be made empty made so."""
+    """The guarded entries of one git directory (itself no symlink), those missing that can
+    be made empty made so. A symlink is left out: the mount would land on its target and the
+    link itself stay replaceable."""
     found = []
     for name in names:
         path = os.path.join(git_dir, name)
+        if not os.path.lexists(path):
+            # Another call on this repository may make it meanwhile: either way it is there.
+            with contextlib.suppress(OSError):
+                if name in _CREATED_DIRS:
+                    os.mkdir(path)
+                elif name in _CREATED_FILES:
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         try:
-            if name in _CREATED_DIRS:
-                os.makedirs(path, exist_ok=True)
-            elif name in _CREATED_FILES:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                found.append(path)
         except OSError:
             pass
-        if os.path.lexists(path):
-            found.append(path)
     return found
 
 
