@@ -4,7 +4,8 @@ Inside, the command has its own user, mount, PID, IPC and UTS namespaces (and it
 network namespace when its workspace is registered without network). The filesystem is the
 host's, read-only, with the worker's own files (its code base and ``var/``, its home, its
 credentials, the other workspaces) over-mounted by empty tmpfs, and only the call's own tree
-bound writable. ``/proc`` is mounted inside the new PID namespace, so the worker's processes
+bound writable, less what git on the host would run or take its configuration from (hooks,
+git config, the files that point git at another git directory), which stays read-only. ``/proc`` is mounted inside the new PID namespace, so the worker's processes
 and their environments do not exist there. bwrap's PID 1 exits when the command does, and the
 kernel then kills everything left in the namespace: ``setsid -f`` and double forks included.
 
@@ -149,8 +150,8 @@ def call_tree(workspace_root: str, worktree: str | None) -> list[str]:
 _GITDIR_GUARDED = ("config", "config.worktree", "hooks", "info", "commondir")
 # In a linked worktree's admin directory: its own configuration and its two pointers.
 _ADMIN_GUARDED = ("config.worktree", "commondir", "gitdir")
-# Created empty on the host when missing, so that they can be bound read-only: an empty hooks
-# or info directory and an empty config.worktree are what git itself would find or make.
+# Created empty on the host when missing, so that they can be bound read-only: empty, they
+# change nothing git does.
 _CREATED_DIRS = frozenset({"hooks", "info"})
 _CREATED_FILES = frozenset({"config.worktree"})
 # A repository's own git directory has no commondir, and an empty one breaks git, so while
