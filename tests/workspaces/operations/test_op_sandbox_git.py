@@ -361,3 +361,35 @@ def test_a_submodules_git_directory_and_its_git_file_are_guarded_too(
     assert not marker.exists()
     work = boxed(f"echo x > lib/new.txt && cd lib && git add new.txt && {COMMIT} -m in-submodule")
     assert work["exitCode"] == 0, work["stderr"]
+
+
+def test_the_commondir_placeholder_stays_while_any_call_holds_it_and_a_left_one_is_removed(
+    boxed: Run, repo: Path
+) -> None:
+    placeholder = repo / ".git" / "commondir"
+    # What a worker killed mid-call leaves: git reads it as no other common directory.
+    placeholder.write_text(".\n")
+    _plain_git(repo, "status")
+    results: list[dict[str, Any]] = []
+    waiting = (
+        "touch started-{n}; while [ ! -e go-{n} ]; do sleep 0.01; done; echo x > .git/commondir"
+    )
+    threads = [
+        threading.Thread(target=lambda n=n: results.append(boxed(waiting.format(n=n))))
+        for n in (1, 2)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: (repo / "started-1").exists() and (repo / "started-2").exists())
+        (repo / "go-1").touch()
+        threads[0].join(30)
+        # The other call still runs: its placeholder must still cover the name.
+        assert placeholder.read_text() == ".\n"
+    finally:
+        (repo / "go-1").touch()
+        (repo / "go-2").touch()
+        for thread in threads:
+            thread.join(30)
+    assert [r["exitCode"] for r in results] == [2, 2], results
+    assert not placeholder.exists()
