@@ -15,7 +15,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workspaces.hostgit import run_git
 from workspaces.operations import Confinement, run_operation
 from workspaces.sandbox import worker_sandbox
 
@@ -38,13 +38,10 @@ def main() -> int:
     calls = parser.parse_args().calls
     root = os.path.realpath(tempfile.mkdtemp(prefix="sluice-bench-sandbox-"))
     try:
-        git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@sluice.invalid"]
-        for args in (
-            ["init", "-q", "-b", "main"],
-            ["commit", "-q", "--allow-empty", "-m", "initial"],
-            ["worktree", "add", "-q", ".worktrees/lane", "-b", "lane"],
-        ):
-            subprocess.run([*git, *args], cwd=root, check=True, capture_output=True)
+        identity = ("-c", "user.name=bench", "-c", "user.email=bench@sluice.invalid")
+        run_git(root, "init", "-q", "-b", "main")
+        run_git(root, *identity, "commit", "-q", "--allow-empty", "-m", "initial")
+        run_git(root, "worktree", "add", "-q", ".worktrees/lane", "-b", "lane")
         sandbox = worker_sandbox(
             base_dir=str(Path(__file__).resolve().parent.parent), workspace_roots=[root]
         )
