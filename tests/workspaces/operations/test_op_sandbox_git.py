@@ -393,3 +393,26 @@ def test_the_commondir_placeholder_stays_while_any_call_holds_it_and_a_left_one_
             thread.join(30)
     assert [r["exitCode"] for r in results] == [2, 2], results
     assert not placeholder.exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (docs/security.md): a repository a command makes and adds as a submodule "
+    "has a configuration of its own, and a person's `git status` at the root runs its fsmonitor",
+)
+def test_a_repository_a_command_adds_as_a_submodule_runs_nothing_in_a_persons_git(
+    boxed: Run, repo: Path, scratch: Path
+) -> None:
+    marker = scratch / "planted-ran"
+    plant = (
+        "git init -q nested && cd nested"
+        f" && {COMMIT} --allow-empty -m nested"
+        f" && git config core.fsmonitor 'touch {marker}; false'"
+        " && echo x > dirty && cd .. && git add nested"
+    )
+    assert boxed(plant)["exitCode"] == 0
+    # The worker's own git passes its -c settings on to the git it starts in the submodule.
+    run_git(repo, "status")
+    assert not marker.exists()
+    _plain_git(repo, "status")
+    assert not marker.exists()
