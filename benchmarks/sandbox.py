@@ -3,7 +3,8 @@
 Runs the same `true` request unconfined and sandboxed, interleaved call by call so both see
 the same load, and reports each one's p50 and p99 and the difference at each percentile. The
 sandbox is the one a worker builds (workspaces/sandbox.py: namespaces, hidden worker files,
-prlimit), on a scratch workspace of its own. Needs no database or Redis.
+prlimit, read-only git metadata), on a scratch git checkout of its own with one linked-worktree
+lane, as a worker's workspaces are. Needs no database or Redis.
 
     .venv/bin/python benchmarks/sandbox.py [--calls N]
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from workspaces.hostgit import run_git
 from workspaces.operations import Confinement, run_operation
 from workspaces.sandbox import worker_sandbox
 
@@ -36,6 +38,10 @@ def main() -> int:
     calls = parser.parse_args().calls
     root = os.path.realpath(tempfile.mkdtemp(prefix="sluice-bench-sandbox-"))
     try:
+        identity = ("-c", "user.name=bench", "-c", "user.email=bench@sluice.invalid")
+        run_git(root, "init", "-q", "-b", "main")
+        run_git(root, *identity, "commit", "-q", "--allow-empty", "-m", "initial")
+        run_git(root, "worktree", "add", "-q", ".worktrees/lane", "-b", "lane")
         sandbox = worker_sandbox(
             base_dir=str(Path(__file__).resolve().parent.parent), workspace_roots=[root]
         )

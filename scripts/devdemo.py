@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 from pathlib import Path
 
 from scripts.devprocs import VAR, manage, write_private
+from workspaces.hostgit import run_git
 
 DEMO_KEY_FILE = VAR / "demo-api-key"
 # A later run keeps the demo key it printed before (if it is still an active key of the demo
@@ -74,12 +74,9 @@ DOCS_FILES = {
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=Sluice demo", "-c", "user.email=demo@sluice.invalid", *args],
-        cwd=cwd,
-        check=True,
-        capture_output=True,
-        text=True,
+    # Hooks and fsmonitor off: an agent's command may have planted either in a demo checkout.
+    return run_git(
+        cwd, "-c", "user.name=Sluice demo", "-c", "user.email=demo@sluice.invalid", *args
     ).stdout
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from workspaces.operations.errors import OperationError, OutcomeUnknown
 from workspaces.operations.paths import resolve_dir
-from workspaces.sandbox import Sandbox
+from workspaces.sandbox import Sandbox, hold_git_placeholders
 
 # After the leader exits, grandchildren may still hold stdout/stderr open (``cmd &``). We read
 # for this long more, then kill the group, so a forgotten background job costs 100 ms rather
@@ -201,21 +201,28 @@ def execute_command(
 ) -> dict[str, object]:
     command = str(request["command"])
     cwd = resolve_dir(root, str(request.get("cwd") or ""))
-    argv = ["/bin/sh", "-c", command]
-    if confinement is not None:
-        argv = confinement.sandbox.argv(
-            command,
-            workspace_root=confinement.workspace_root,
-            worktree=str(request.get("worktree") or "") or None,
-            cwd=cwd,
-            network=confinement.network,
-        )
     budget_s = min(int(str(request["timeoutMs"])) / 1000, deadline - time.monotonic())
     cap = int(str(request["maxOutputBytes"]))
     if budget_s <= 0:
         raise OperationError(
             "COMMAND_UNAVAILABLE", "No time was left before the deadline to start the command."
         )
+    if confinement is None:
+        return _execute(["/bin/sh", "-c", command], cwd=cwd, budget_s=budget_s, cap=cap)
+    worktree = str(request.get("worktree") or "") or None
+    # The git metadata's placeholders stay until the sandbox, and all it ran, has ended.
+    with hold_git_placeholders(confinement.workspace_root, worktree):
+        argv = confinement.sandbox.argv(
+            command,
+            workspace_root=confinement.workspace_root,
+            worktree=worktree,
+            cwd=cwd,
+            network=confinement.network,
+        )
+        return _execute(argv, cwd=cwd, budget_s=budget_s, cap=cap)
+
+
+def _execute(argv: list[str], *, cwd: str, budget_s: float, cap: int) -> dict[str, object]:
     try:
         proc = subprocess.Popen(
             argv,
