@@ -24,9 +24,13 @@ import heapq
 import itertools
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 from sluice_protocol import EDIT_MATCH_STRATEGIES, MAX_ERROR_CHARS
+
+from workspaces.operations.errors import Pace
+from workspaces.operations.textcache import TextCache
 
 # LibreChat accepts up to 8,192 characters, but the worker cuts any error at MAX_ERROR_CHARS,
 # and a cut message no longer parses.
@@ -44,6 +48,10 @@ CLOSEST_LINE_MAX_CHARS = 1000
 CLOSEST_CANDIDATES = 20
 CLOSEST_MIN_RATIO = 0.6
 CLOSEST_TRIES = 3
+# difflib's ratio is at most 2 * len(line) / (len(wanted) + len(line)), so a wanted line
+# longer than this cannot reach CLOSEST_MIN_RATIO with any scored line; skipping it saves a
+# quadratic comparison that could never succeed.
+CLOSEST_WANTED_MAX_CHARS = int(CLOSEST_LINE_MAX_CHARS * (2 - CLOSEST_MIN_RATIO) / CLOSEST_MIN_RATIO)
 # Longer oldTexts are counted with str.find rather than compiled into a lookahead pattern.
 LOOKAHEAD_MAX_CHARS = 4096
 BATCH_NOTE = "Line numbers account for the earlier edits in this batch."
@@ -92,7 +100,7 @@ def locate(text: str, offsets: Iterable[int]) -> tuple[int, list[int], int]:
     return count, listed, more
 
 
-def exact_places(text: str, old: str) -> tuple[int, list[int], int]:
+def exact_places(text: str, old: str, *, pace: Pace) -> tuple[int, list[int], int]:
     """``locate`` for every occurrence of ``old``, overlapping ones included, without a Python
     step per occurrence ("a" in four million "a"s is one line and one C-level count)."""
     if len(old) <= LOOKAHEAD_MAX_CHARS and not any(
@@ -108,7 +116,7 @@ def exact_places(text: str, old: str) -> tuple[int, list[int], int]:
         while position >= 0:
             count, position = count + 1, text.find(old, position + 1)
     if "\n" not in old:
-        lines = (n for n, line in enumerate(text.split("\n"), start=1) if old in line)
+        lines = (n for n, line in enumerate(pace.paced(text.split("\n")), start=1) if old in line)
         listed, more = _capped(lines)
         return count, listed, more
 
@@ -120,7 +128,7 @@ def exact_places(text: str, old: str) -> tuple[int, list[int], int]:
             newline = text.find("\n", position)
             position = text.find(old, newline + 1)
 
-    _, listed, more = locate(text, line_starts())
+    _, listed, more = locate(text, pace.paced(line_starts()))
     return count, listed, more
 
 
@@ -167,13 +175,13 @@ def _has_line_numbers(pieces: Sequence[str], text: str) -> bool:
     return len(numbers) > 1 or bool(rest and rest in text)
 
 
-def _present(piece: str, index: int, count: int, stripped: set[str]) -> bool:
+def _present(piece: str, index: int, count: int, stripped: set[str], pace: Pace) -> bool:
     # The first and last lines of oldText may be parts of a file line; inner ones are whole.
     wanted = piece.strip()
     if index == 0:
-        return any(_starts_line(line, wanted) for line in stripped)
+        return any(_starts_line(line, wanted) for line in pace.paced(stripped))
     if index == count - 1:
-        return any(line.startswith(wanted) for line in stripped)
+        return any(line.startswith(wanted) for line in pace.paced(stripped))
     return wanted in stripped
 
 
@@ -184,15 +192,17 @@ def _excerpt(line: str) -> str:
     return flat if len(flat) <= EXCERPT_MAX_CHARS else flat[: EXCERPT_MAX_CHARS - 1] + "…"
 
 
-def _closest(wanted: str, lines: Sequence[str]) -> tuple[int, str] | None:
+def _closest(wanted: str, lines: Sequence[str], pace: Pace) -> tuple[int, str] | None:
     """The file line most like ``wanted``: lines sharing most words with it, then the best
     difflib ratio among those (ties to the earlier line), if it is at least CLOSEST_MIN_RATIO."""
+    if len(wanted) > CLOSEST_WANTED_MAX_CHARS:
+        return None
     words = set(_WORD.findall(wanted))
     if not words:
         return None
     scored = (
         (-len(words.intersection(_WORD.findall(line))), number, line)
-        for number, line in enumerate(lines, start=1)
+        for number, line in enumerate(pace.paced(lines), start=1)
         if len(line) <= CLOSEST_LINE_MAX_CHARS
     )
     best: tuple[float, int, str] | None = None
@@ -207,13 +217,32 @@ def _closest(wanted: str, lines: Sequence[str]) -> tuple[int, str] | None:
     return best[1], _excerpt(best[2])
 
 
-def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None) -> str:
+class _View(NamedTuple):
+    lines: list[str]
+    stripped: list[str]
+    distinct: set[str]
+
+
+_VIEWS: TextCache[_View] = TextCache()
+
+
+def _view(text: str, pace: Pace) -> _View:
+    """The file's lines, stripped and as a set, once per text: every failing edit of a call
+    sees the same text."""
+    view = _VIEWS.get(text)
+    if view is None:
+        lines = text.split("\n")
+        stripped = [line.strip() for line in pace.paced(lines)]
+        view = _View(lines, stripped, set(stripped))
+        _VIEWS.put(text, view)
+    return view
+
+
+def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None, pace: Pace) -> str:
     """``old_text was not found`` and each hint that holds for this text; ``whitespace`` is
     (line, strategy) of the one place a tolerant edit would have taken, if any."""
     pieces = _pieces(old)
-    file_lines = text.split("\n")
-    stripped = [line.strip() for line in file_lines]
-    distinct = set(stripped)
+    file_lines, stripped, distinct = _view(text, pace)
     hints: list[str] = []
     if _has_elision(pieces, distinct):
         hints.append(
@@ -237,7 +266,7 @@ def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None)
     if len(pieces) > 1 and first and whitespace is None:
         lines, more = _capped(
             number
-            for number, line in enumerate(stripped, start=1)
+            for number, line in enumerate(pace.paced(stripped), start=1)
             if line.endswith(first) and _starts_line(line, first)
         )
         if lines:
@@ -252,10 +281,10 @@ def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None)
         for index, piece in enumerate(pieces)
         if piece.strip()
         and not _ELISION.fullmatch(piece.strip())
-        and not _present(piece, index, len(pieces), distinct)
+        and not _present(piece, index, len(pieces), distinct, pace)
     ]
     closest = next(
-        (found for line in missing[:CLOSEST_TRIES] if (found := _closest(line, file_lines))),
+        (found for line in missing[:CLOSEST_TRIES] if (found := _closest(line, file_lines, pace))),
         None,
     )
     if closest is not None:
@@ -263,10 +292,11 @@ def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None)
     return "; ".join(["old_text was not found", *hints])
 
 
-def conflict_message(edit_count: int, failures: Sequence[tuple[int, str]]) -> str:
-    """The whole EDIT_CONFLICT message for ``failures`` ((edit number, reason), in order)."""
+def conflict_message(edit_count: int, failures: Sequence[tuple[int, Callable[[], str]]]) -> str:
+    """The whole EDIT_CONFLICT message for ``failures`` ((edit number, reason), in order).
+    Each reason is computed only if its line is shown."""
     if edit_count == 1:
-        return f"Workspace edit did not apply and nothing was written: {failures[0][1]}."
+        return f"Workspace edit did not apply and nothing was written: {failures[0][1]()}."
     header = (
         f"{len(failures)} of {edit_count} workspace edits did not apply, so nothing was "
         "written. Every other edit matched."
@@ -276,7 +306,7 @@ def conflict_message(edit_count: int, failures: Sequence[tuple[int, str]]) -> st
     shown: list[str] = []
     used = 0
     for number, reason in failures:
-        line = f"Edit {number}: {reason}."
+        line = f"Edit {number}: {reason()}."
         if shown and used + len(line) + 1 > budget:
             break
         shown.append(line)
