@@ -6,13 +6,19 @@ fails and earns the EDIT_CONFLICT hints. Reports the wall time of the whole call
 it ended with. ``--timeout-s`` is the call's deadline (a read or edit gets 30 s, contract §2.4).
 Needs no database or Redis.
 
-    .venv/bin/python benchmarks/edit_plan.py [--mb 3.6] [--edits 100] [--tolerant] [--timeout-s 30]
+``--shape short`` makes the file of one short line repeated ("a b", 4 bytes a line) and
+the edits two-line ones whose first line is that line: the most lines per megabyte, and a
+first-line hint that holds on every line.
+
+    .venv/bin/python benchmarks/edit_plan.py [--mb 3.6] [--edits 100] [--tolerant]
+        [--timeout-s 30] [--shape source|short]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -50,38 +56,48 @@ def edits(count: int) -> list[dict[str, object]]:
     ]
 
 
+def short_edits(count: int) -> list[dict[str, object]]:
+    return [{"oldText": f"a b\nc{n}\n", "newText": "x"} for n in range(count)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=float, default=3.6)
     parser.add_argument("--edits", type=int, default=100)
     parser.add_argument("--tolerant", action="store_true")
     parser.add_argument("--timeout-s", type=float, default=30.0)
+    parser.add_argument("--shape", choices=["source", "short"], default="source")
     args = parser.parse_args()
     root = os.path.realpath(tempfile.mkdtemp(prefix="sluice-bench-edit-"))
-    text = source(int(args.mb * 1_000_000))
+    size = int(args.mb * 1_000_000)
+    text = source(size) if args.shape == "source" else "a b\n" * (size // 4)
     Path(root, "big.py").write_text(text)
     request: dict[str, object] = {
         "protocolVersion": 1,
         "operation": "edit_file",
         "workspaceId": "ws-1",
         "path": "big.py",
-        "edits": edits(args.edits),
+        "edits": edits(args.edits) if args.shape == "source" else short_edits(args.edits),
     }
     if args.tolerant:
         request["matching"] = "tolerant"
-    started = time.monotonic()
     try:
-        run_operation(request, root=root, deadline=started + args.timeout_s)
-        outcome = "applied"
-    except OperationError as exc:
-        outcome = exc.code
-    elapsed = time.monotonic() - started
-    unchanged = Path(root, "big.py").read_text() == text
-    print(
-        f"{args.edits} edits, {len(text.encode()) / 1e6:.1f} MB, "
-        f"{'tolerant' if args.tolerant else 'exact'}, deadline {args.timeout_s:g} s: "
-        f"{outcome} after {elapsed:.2f} s; file unchanged: {unchanged}"
-    )
+        started = time.monotonic()
+        try:
+            run_operation(request, root=root, deadline=started + args.timeout_s)
+            outcome = "applied"
+        except OperationError as exc:
+            outcome = exc.code
+        elapsed = time.monotonic() - started
+        unchanged = Path(root, "big.py").read_text() == text
+        print(
+            f"{args.edits} edits, {len(text.encode()) / 1e6:.1f} MB, "
+            f"{args.shape}, {'tolerant' if args.tolerant else 'exact'}, "
+            f"deadline {args.timeout_s:g} s: "
+            f"{outcome} after {elapsed:.2f} s; file unchanged: {unchanged}"
+        )
+    finally:
+        shutil.rmtree(root)
     return 0
 
 

@@ -19,9 +19,11 @@ one line, since a line break in it would end the message's line for the parser.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import heapq
 import itertools
+import operator
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -52,8 +54,9 @@ CLOSEST_TRIES = 3
 # longer than this cannot reach CLOSEST_MIN_RATIO with any scored line; skipping it saves a
 # quadratic comparison that could never succeed.
 CLOSEST_WANTED_MAX_CHARS = int(CLOSEST_LINE_MAX_CHARS * (2 - CLOSEST_MIN_RATIO) / CLOSEST_MIN_RATIO)
-# Longer oldTexts are counted with str.find rather than compiled into a lookahead pattern.
-LOOKAHEAD_MAX_CHARS = 4096
+# Longer self-overlapping oldTexts are counted by a paced KMP over the text rather than by a
+# lookahead pattern, which compares the whole oldText at every position of the file.
+LOOKAHEAD_MAX_CHARS = 64
 BATCH_NOTE = "Line numbers account for the earlier edits in this batch."
 
 _ELISION = re.compile(r"(?:#|//|--|;|/\*|<!--|\*)?\s*(?:\.\.\.|…)[\w\s.…'-]*(?:\*/|-->)?")
@@ -100,25 +103,56 @@ def locate(text: str, offsets: Iterable[int]) -> tuple[int, list[int], int]:
     return count, listed, more
 
 
+def _borders(old: str, pace: Pace) -> list[int]:
+    """KMP's prefix function: per prefix of ``old``, its longest proper border."""
+    prefix = [0] * len(old)
+    matched = 0
+    for index in pace.paced(range(1, len(old))):
+        while matched and old[index] != old[matched]:
+            matched = prefix[matched - 1]
+        if old[index] == old[matched]:
+            matched += 1
+        prefix[index] = matched
+    return prefix
+
+
+def _overlapping_count(text: str, old: str, prefix: list[int], pace: Pace) -> int:
+    """Occurrences of ``old`` in ``text``, overlapping ones included: one step per character
+    of the text, however ``old`` repeats itself."""
+    count = matched = 0
+    for char in pace.paced(text):
+        while matched and char != old[matched]:
+            matched = prefix[matched - 1]
+        if char == old[matched]:
+            matched += 1
+        if matched == len(old):
+            count += 1
+            matched = prefix[matched - 1]
+    return count
+
+
 def exact_places(text: str, old: str, *, pace: Pace) -> tuple[int, list[int], int]:
     """``locate`` for every occurrence of ``old``, overlapping ones included, without a Python
     step per occurrence ("a" in four million "a"s is one line and one C-level count)."""
-    if len(old) <= LOOKAHEAD_MAX_CHARS and not any(
-        old.startswith(old[k:]) for k in range(1, len(old))
-    ):
-        count = text.count(old)  # no occurrence can overlap another
+    prefix = _borders(old, pace)
+    if not prefix[-1]:
+        count = text.count(old)  # without a border no occurrence can overlap another
     elif len(old) <= LOOKAHEAD_MAX_CHARS:
         count = len(re.findall(f"(?={re.escape(old)})", text))
     else:
-        # A long oldText is not compiled into a pattern; its occurrences are few anyway
-        # unless it is one character repeated.
-        count, position = 0, text.find(old)
-        while position >= 0:
-            count, position = count + 1, text.find(old, position + 1)
+        count = _overlapping_count(text, old, prefix, pace)
     if "\n" not in old:
-        lines = (n for n, line in enumerate(pace.paced(text.split("\n")), start=1) if old in line)
-        listed, more = _capped(lines)
-        return count, listed, more
+        # Two C-level passes over the lines: the first few that hold ``old``, and how many do.
+        pace.check()
+        lines = _view(text, pace).lines
+        holds = operator.methodcaller("__contains__", old)
+        listed = list(
+            itertools.islice(
+                itertools.compress(itertools.count(1), map(holds, lines)), MAX_LISTED_LINES
+            )
+        )
+        pace.check()
+        return count, listed, sum(map(holds, lines)) - len(listed)
 
     def line_starts() -> Iterator[int]:
         # One offset per line that an occurrence starts on.
@@ -192,35 +226,12 @@ def _excerpt(line: str) -> str:
     return flat if len(flat) <= EXCERPT_MAX_CHARS else flat[: EXCERPT_MAX_CHARS - 1] + "…"
 
 
-def _closest(wanted: str, lines: Sequence[str], pace: Pace) -> tuple[int, str] | None:
-    """The file line most like ``wanted``: lines sharing most words with it, then the best
-    difflib ratio among those (ties to the earlier line), if it is at least CLOSEST_MIN_RATIO."""
-    if len(wanted) > CLOSEST_WANTED_MAX_CHARS:
-        return None
-    words = set(_WORD.findall(wanted))
-    if not words:
-        return None
-    scored = (
-        (-len(words.intersection(_WORD.findall(line))), number, line)
-        for number, line in enumerate(pace.paced(lines), start=1)
-        if len(line) <= CLOSEST_LINE_MAX_CHARS
-    )
-    best: tuple[float, int, str] | None = None
-    for shared, number, line in heapq.nsmallest(CLOSEST_CANDIDATES, scored):
-        if not shared:
-            break
-        ratio = difflib.SequenceMatcher(None, wanted, line.strip()).ratio()
-        if best is None or (ratio, -number) > (best[0], -best[1]):
-            best = (ratio, number, line)
-    if best is None or best[0] < CLOSEST_MIN_RATIO:
-        return None
-    return best[1], _excerpt(best[2])
-
-
 class _View(NamedTuple):
     lines: list[str]
     stripped: list[str]
-    distinct: set[str]
+    distinct: set[str]  # of the stripped lines
+    counts: collections.Counter[str]  # of the stripped lines
+    distinct_lines: set[str]
 
 
 _VIEWS: TextCache[_View] = TextCache()
@@ -231,18 +242,53 @@ def _view(text: str, pace: Pace) -> _View:
     sees the same text."""
     view = _VIEWS.get(text)
     if view is None:
+        # C-level passes over the lines (a few milliseconds per megabyte), checked between.
         lines = text.split("\n")
-        stripped = [line.strip() for line in pace.paced(lines)]
-        view = _View(lines, stripped, set(stripped))
+        stripped = list(map(str.strip, lines))
+        pace.check()
+        counts = collections.Counter(stripped)
+        pace.check()
+        view = _View(lines, stripped, set(counts), counts, set(lines))
         _VIEWS.put(text, view)
     return view
+
+
+def _closest(wanted: str, view: _View, pace: Pace) -> tuple[int, str] | None:
+    """The file line most like ``wanted``: lines sharing most words with it, then the best
+    difflib ratio among those (ties to the earlier line), if it is at least CLOSEST_MIN_RATIO."""
+    if len(wanted) > CLOSEST_WANTED_MAX_CHARS:
+        return None
+    words = set(_WORD.findall(wanted))
+    if not words:
+        return None
+    # Each distinct line is scored once (a repetitive file has far fewer than its lines), and
+    # one C-level pass finds the numbers of the lines that share a word.
+    shared: dict[str, int] = {}
+    for line in pace.paced(view.distinct_lines):
+        if len(line) <= CLOSEST_LINE_MAX_CHARS:
+            count = len(words.intersection(_WORD.findall(line)))
+            if count:
+                shared[line] = -count
+    pace.check()
+    numbers = itertools.compress(itertools.count(1), map(shared.__contains__, view.lines))
+    scored = ((shared[view.lines[number - 1]], number) for number in pace.paced(numbers))
+    best: tuple[float, int, str] | None = None
+    for _, number in heapq.nsmallest(CLOSEST_CANDIDATES, scored):
+        line = view.lines[number - 1]
+        ratio = difflib.SequenceMatcher(None, wanted, line.strip()).ratio()
+        if best is None or (ratio, -number) > (best[0], -best[1]):
+            best = (ratio, number, line)
+    if best is None or best[0] < CLOSEST_MIN_RATIO:
+        return None
+    return best[1], _excerpt(best[2])
 
 
 def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None, pace: Pace) -> str:
     """``old_text was not found`` and each hint that holds for this text; ``whitespace`` is
     (line, strategy) of the one place a tolerant edit would have taken, if any."""
     pieces = _pieces(old)
-    file_lines, stripped, distinct = _view(text, pace)
+    view = _view(text, pace)
+    distinct = view.distinct
     hints: list[str] = []
     if _has_elision(pieces, distinct):
         hints.append(
@@ -264,11 +310,14 @@ def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None,
     first = pieces[0].strip()
     # Beside a whitespace hint it would only repeat that place less precisely.
     if len(pieces) > 1 and first and whitespace is None:
-        lines, more = _capped(
-            number
-            for number, line in enumerate(pace.paced(stripped), start=1)
+        starting = {
+            line
+            for line in pace.paced(distinct)
             if line.endswith(first) and _starts_line(line, first)
-        )
+        }
+        numbers = itertools.compress(itertools.count(1), map(starting.__contains__, view.stripped))
+        lines = list(itertools.islice(numbers, MAX_LISTED_LINES))
+        more = sum(view.counts[line] for line in starting) - len(lines)
         if lines:
             hints.append(
                 f"its first line appears at {_line_list(lines, more)}, "
@@ -284,7 +333,7 @@ def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None,
         and not _present(piece, index, len(pieces), distinct, pace)
     ]
     closest = next(
-        (found for line in missing[:CLOSEST_TRIES] if (found := _closest(line, file_lines, pace))),
+        (found for line in missing[:CLOSEST_TRIES] if (found := _closest(line, view, pace))),
         None,
     )
     if closest is not None:

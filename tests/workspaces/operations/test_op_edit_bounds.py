@@ -307,3 +307,30 @@ def test_the_pace_checks_the_clock_every_pace_of_items() -> None:
     for _ in itertools.islice(pace.paced(range(10)), 4):
         pass
     assert pace.steps == 3 * PACE_EVERY + 9
+
+
+def test_repeated_lines_take_the_candidate_places_they_took_before() -> None:
+    # Twenty-five copies of a line sharing both words come first, so the eager scan never
+    # looked at the better line after them; scoring distinct lines must not either.
+    text = "alpha beta gamma delta epsilon\n" * 25 + "alpha beta\n"
+    pace = Pace(float("inf"), "X", "x")
+    found = c.not_found_reason(text, "alpha beta zeta", whitespace=None, pace=pace)
+    assert found == _old_not_found_reason(text, "alpha beta zeta", whitespace=None)
+
+
+@pytest.mark.parametrize(
+    ("text", "old"),
+    [
+        ("a" * 5_000, "a" * 100),
+        ("ab" * 3_000 + "a", "ab" * 50 + "a"),
+        ("xyzxy" * 40 + "\nxyzxy xyzxy\n", "xyzxy" * 15),
+        ("abc" * 1_000, "abcab" * 20),
+    ],
+)
+def test_long_self_overlapping_old_texts_are_counted_in_one_pass(text: str, old: str) -> None:
+    expected = sum(1 for i in range(len(text)) if text.startswith(old, i))
+    lines = [n for n, line in enumerate(text.split("\n"), start=1) if old in line]
+    pace = Pace(float("inf"), "X", "x")
+    count, listed, more = c.exact_places(text, old, pace=pace)
+    assert (count, listed, more) == (expected, lines[:5], len(lines[5:]))
+    assert pace.steps <= len(text) + len(old)
