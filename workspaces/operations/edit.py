@@ -30,6 +30,7 @@ from workspaces.operations.errors import OperationError, Pace
 from workspaces.operations.files import atomic_write
 from workspaces.operations.matching import Unmatched, apply_one
 from workspaces.operations.paths import describe, open_regular, resolve_for_write
+from workspaces.operations.textcache import forget_texts
 
 UTF8_BOM = b"\xef\xbb\xbf"
 # Both the file before and after an edit must fit: the whole text is held in memory, and a
@@ -114,9 +115,12 @@ def plan_edit(request: dict[str, object], *, root: str, pace: Pace) -> EditPlan:
     except UnicodeDecodeError:
         raise OperationError("INVALID_REQUEST", f"{describe(rel)} is not UTF-8 text.") from None
     edits = cast(list[dict[str, object]], request["edits"])
-    new_text, matches = _apply(
-        text, edits, rel, tolerant=request.get("matching") == "tolerant", pace=pace
-    )
+    try:
+        new_text, matches = _apply(
+            text, edits, rel, tolerant=request.get("matching") == "tolerant", pace=pace
+        )
+    finally:
+        forget_texts()
     try:
         new_bytes = (UTF8_BOM if has_bom else b"") + new_text.encode("utf-8")
     except UnicodeEncodeError:

@@ -91,8 +91,3 @@ class Pace:
                 yield item
         finally:
             self.steps += count
-
-
-def unpaced() -> Pace:
-    """A Pace that never runs out, for callers without a deadline of their own."""
-    return Pace(float("inf"), "INTERNAL_ERROR", "unreachable")
