@@ -8,10 +8,12 @@ Needs no database or Redis.
 
 ``--shape short`` makes the file of one short line repeated ("a b", 4 bytes a line) and
 the edits two-line ones whose first line is that line: the most lines per megabyte, and a
-first-line hint that holds on every line.
+first-line hint that holds on every line. ``--shape repeat`` makes it one character repeated
+and each edit a run of 1,000 or more of it: every edit is ambiguous, and counting its
+overlapping places is the work.
 
     .venv/bin/python benchmarks/edit_plan.py [--mb 3.6] [--edits 100] [--tolerant]
-        [--timeout-s 30] [--shape source|short]
+        [--timeout-s 30] [--shape source|short|repeat]
 """
 
 from __future__ import annotations
@@ -60,24 +62,29 @@ def short_edits(count: int) -> list[dict[str, object]]:
     return [{"oldText": f"a b\nc{n}\n", "newText": "x"} for n in range(count)]
 
 
+def repeat_edits(count: int) -> list[dict[str, object]]:
+    return [{"oldText": "a" * (1000 + n), "newText": "x"} for n in range(count)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=float, default=3.6)
     parser.add_argument("--edits", type=int, default=100)
     parser.add_argument("--tolerant", action="store_true")
     parser.add_argument("--timeout-s", type=float, default=30.0)
-    parser.add_argument("--shape", choices=["source", "short"], default="source")
+    parser.add_argument("--shape", choices=["source", "short", "repeat"], default="source")
     args = parser.parse_args()
     root = os.path.realpath(tempfile.mkdtemp(prefix="sluice-bench-edit-"))
     size = int(args.mb * 1_000_000)
-    text = source(size) if args.shape == "source" else "a b\n" * (size // 4)
+    texts = {"source": lambda: source(size), "short": lambda: "a b\n" * (size // 4)}
+    text = texts.get(args.shape, lambda: "a" * size)()
     Path(root, "big.py").write_text(text)
     request: dict[str, object] = {
         "protocolVersion": 1,
         "operation": "edit_file",
         "workspaceId": "ws-1",
         "path": "big.py",
-        "edits": edits(args.edits) if args.shape == "source" else short_edits(args.edits),
+        "edits": {"source": edits, "short": short_edits}.get(args.shape, repeat_edits)(args.edits),
     }
     if args.tolerant:
         request["matching"] = "tolerant"
