@@ -90,6 +90,12 @@ STATUS: dict[str, int] = {code: answer.status for code, answer in ANSWERS.items(
 WORKER_ANSWER = Answer(
     0, "the worker refused the call, or could not run or finish it", "yes/refused"
 )
+# A worker's codes that tell the caller more than WORKER_ANSWER does.
+WORKER_ANSWERS: dict[str, Answer] = {
+    "EDIT_NOT_STARTED": Answer(
+        503, "the edit could not be planned before its deadline; nothing was written"
+    ),
+}
 
 
 def status_of(refusal: Refusal) -> int:

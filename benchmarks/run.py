@@ -18,6 +18,7 @@ BENCHMARKS = [
     ("admission: hand-off, Redis commands per call, 1,000 waiters, throughput", "admission.py", []),
     ("dashboard queries on 1,000,000 completion rows", "dashboard_queries.py", []),
     ("command sandbox: added latency of bwrap per command", "sandbox.py", []),
+    ("edit plan: 100 edits that match nothing on a 3.6 MB file (issue 34)", "edit_plan.py", []),
     ("edge: one refusal from memory vs by the view, in process", "edge.py", []),
     ("admission scripts: settle and enter inside Redis by queue length", "scripts.py", []),
     ("overload: the contract 2.8 burst (10x the queue, one principal)", "overload.py", []),

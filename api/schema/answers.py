@@ -16,7 +16,7 @@ import sluice_protocol as p
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse
 
 from admission.ratelimit import POLICY_NAME
-from api.errors import ANSWERS, WORKER_ANSWER
+from api.errors import ANSWERS, WORKER_ANSWER, WORKER_ANSWERS
 from api.schema.bodies import Schema
 from api.schema.components import component
 from api.schema.patterns import PATTERNS
@@ -96,7 +96,7 @@ def _code_rows(service: Iterable[str], worker: Iterable[str]) -> list[dict[str, 
     # A worker's code may share a service code's name (INVALID_REQUEST, NOT_FOUND): its own
     # status and meaning are the worker's.
     rows = [(code, ANSWERS[code]) for code in service]
-    rows += [(code, WORKER_ANSWER) for code in worker]
+    rows += [(code, WORKER_ANSWERS.get(code, WORKER_ANSWER)) for code in worker]
     return [{"code": c, "when": a.when, "started": a.started} for c, a in rows]
 
 

@@ -22,7 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.errors import ANSWERS, WORKER_ANSWER
+from api.errors import ANSWERS, WORKER_ANSWER, WORKER_ANSWERS
 from api.schema.answers import REF, RETRY_AFTER, WWW_AUTHENTICATE, operation
 from api.schema.bodies import Schema
 from api.schema.generate import openapi_document
@@ -142,7 +142,9 @@ _ROW_HEADERS = (RETRY_AFTER, WWW_AUTHENTICATE)
 
 
 def _code_row(row: dict[str, str]) -> dict[str, Any]:
-    service = row["started"] != WORKER_ANSWER.started
+    # A worker's own code may say more than WORKER_ANSWER (WORKER_ANSWERS); it is still no
+    # service code.
+    service = row["started"] != WORKER_ANSWER.started and row["code"] not in WORKER_ANSWERS
     return {**row, "retry": service and ANSWERS[row["code"]].retry_after}
 
 

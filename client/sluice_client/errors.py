@@ -33,6 +33,10 @@ REJECTION_ADVICE: dict[str, str] = {
     "SERVICE_SHUTTING_DOWN": "Sluice is restarting: wait and retry",
     "NO_WORKER_SELECTED": "pass a worker id, or ask an admin to set a default worker",
     "COMMAND_UNAVAILABLE": "the worker was too busy to start it in time: wait and retry",
+    "EDIT_NOT_STARTED": (
+        "the worker ran out of time matching the edits and wrote nothing: resend fewer or more "
+        "specific edits"
+    ),
     "UNAUTHENTICATED": "check the API key",
     "WORKER_NOT_FOUND": "check the worker id",
     "WORKER_MISMATCH": (

@@ -38,6 +38,7 @@ _NOT_STARTED: dict[tuple[int, str], RetryKind | None] = {
     (503, "NO_WORKER_SELECTED"): None,
     (503, "SERVICE_SHUTTING_DOWN"): None,
     (503, "COMMAND_UNAVAILABLE"): None,
+    (503, "EDIT_NOT_STARTED"): None,
     (401, "UNAUTHENTICATED"): None,
     (404, "WORKER_NOT_FOUND"): None,
     (409, "WORKER_MISMATCH"): None,

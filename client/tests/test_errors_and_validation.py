@@ -43,6 +43,7 @@ def error_of(runner: Runner, **kwargs: Any) -> WorkspaceToolError:
         (typed(503, "WORKER_OFFLINE"), "wait"),
         (typed(409, "WORKSPACE_QUARANTINED"), "independent workspace"),
         (typed(401, "UNAUTHENTICATED"), "API key"),
+        (typed(503, "EDIT_NOT_STARTED"), "fewer or more specific edits"),
     ],
 )
 def test_a_typed_rejection_says_it_was_not_started_and_what_to_do(

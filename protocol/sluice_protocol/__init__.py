@@ -519,6 +519,8 @@ WORKER_ERROR_STATUS: dict[str, int] = {
     "FILE_EXISTS": 409,
     "WRITE_LIMIT_EXCEEDED": 413,
     "WORKER_MISMATCH": 409,
+    # An edit whose plan ran out of the call's time: nothing was written, so it is not started.
+    "EDIT_NOT_STARTED": 503,
 }
 
 # Codes the API itself answers with. A worker must not be able to speak them: a client treats

@@ -599,6 +599,7 @@ def test_keys_conflict_truth_table(
         ("FILE_EXISTS", 409),
         ("WRITE_LIMIT_EXCEEDED", 413),
         ("WORKER_MISMATCH", 409),
+        ("EDIT_NOT_STARTED", 503),
         ("COMMAND_UNAVAILABLE", 503),
         ("SEARCH_TOOL_UNAVAILABLE", 503),
         ("COMMAND_TIMEOUT", 504),
@@ -622,8 +623,8 @@ def test_worker_error_status_maps_known_codes_only(code: str, status: int | None
 
 
 def test_worker_error_table_matches_the_contract() -> None:
-    assert len(WORKER_ERROR_STATUS) == 10
-    assert set(WORKER_ERROR_STATUS.values()) == {403, 409, 413, 422}
+    assert len(WORKER_ERROR_STATUS) == 11
+    assert set(WORKER_ERROR_STATUS.values()) == {403, 409, 413, 422, 503}
 
 
 def test_valid_worker_error_is_unpacked() -> None:

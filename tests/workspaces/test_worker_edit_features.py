@@ -145,3 +145,28 @@ def test_an_old_worker_without_edit_features_gets_no_tolerant_edits(
         assert "tolerant_match" in tolerant.json()["error"]
         read = request("read_file", path="AGENTS.md", instructionSha256="0" * 64)
         assert call(http, account, read).json()["code"] == "WORKER_MISMATCH"
+
+
+def test_an_edit_plan_that_outlives_its_deadline_answers_not_started(
+    http, owner, worker, repo
+) -> None:
+    """Issue 34: 100 edits whose every answer is a long count over a 4 MB file. The plan needs
+    many times the call's 3 s; the worker stops it at the deadline and says so, rather than
+    the API answering 504 "may have run" while the worker burns on."""
+    from admission.policy import policy_update
+
+    text = "a" * 4_000_000
+    (repo / "big.txt").write_text(text)
+    edits = [{"oldText": "a" * (1000 + n), "newText": "b"} for n in range(100)]
+    policy_update({"JOB_TIMEOUT": "3000"})
+    try:
+        response = call(http, owner, request("edit_file", path="big.txt", edits=edits))
+    finally:
+        policy_update({"JOB_TIMEOUT": "300000"})
+    assert response.status_code == 503, response.text
+    assert response.json()["code"] == "EDIT_NOT_STARTED"
+    assert "not started" in response.json()["error"]
+    assert (repo / "big.txt").read_text() == text
+    # Not quarantined: the workspace takes the next call.
+    read = call(http, owner, request("read_file", path="crlf.txt"))
+    assert read.status_code == 200, read.text

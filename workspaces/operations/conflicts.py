@@ -19,14 +19,20 @@ one line, since a line break in it would end the message's line for the parser.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import heapq
 import itertools
+import operator
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 from sluice_protocol import EDIT_MATCH_STRATEGIES, MAX_ERROR_CHARS
+
+from workspaces.operations.errors import Pace
+from workspaces.operations.textcache import TextCache
 
 # LibreChat accepts up to 8,192 characters, but the worker cuts any error at MAX_ERROR_CHARS,
 # and a cut message no longer parses.
@@ -44,8 +50,13 @@ CLOSEST_LINE_MAX_CHARS = 1000
 CLOSEST_CANDIDATES = 20
 CLOSEST_MIN_RATIO = 0.6
 CLOSEST_TRIES = 3
-# Longer oldTexts are counted with str.find rather than compiled into a lookahead pattern.
-LOOKAHEAD_MAX_CHARS = 4096
+# difflib's ratio is at most 2 * len(line) / (len(wanted) + len(line)), so a wanted line
+# longer than this cannot reach CLOSEST_MIN_RATIO with any scored line; skipping it saves a
+# quadratic comparison that could never succeed.
+CLOSEST_WANTED_MAX_CHARS = int(CLOSEST_LINE_MAX_CHARS * (2 - CLOSEST_MIN_RATIO) / CLOSEST_MIN_RATIO)
+# Longer self-overlapping oldTexts are counted by a paced KMP over the text rather than by a
+# lookahead pattern, which compares the whole oldText at every position of the file.
+LOOKAHEAD_MAX_CHARS = 64
 BATCH_NOTE = "Line numbers account for the earlier edits in this batch."
 
 _ELISION = re.compile(r"(?:#|//|--|;|/\*|<!--|\*)?\s*(?:\.\.\.|…)[\w\s.…'-]*(?:\*/|-->)?")
@@ -92,25 +103,56 @@ def locate(text: str, offsets: Iterable[int]) -> tuple[int, list[int], int]:
     return count, listed, more
 
 
-def exact_places(text: str, old: str) -> tuple[int, list[int], int]:
+def _borders(old: str, pace: Pace) -> list[int]:
+    """KMP's prefix function: per prefix of ``old``, its longest proper border."""
+    prefix = [0] * len(old)
+    matched = 0
+    for index in pace.paced(range(1, len(old))):
+        while matched and old[index] != old[matched]:
+            matched = prefix[matched - 1]
+        if old[index] == old[matched]:
+            matched += 1
+        prefix[index] = matched
+    return prefix
+
+
+def _overlapping_count(text: str, old: str, prefix: list[int], pace: Pace) -> int:
+    """Occurrences of ``old`` in ``text``, overlapping ones included: one step per character
+    of the text, however ``old`` repeats itself."""
+    count = matched = 0
+    for char in pace.paced(text):
+        while matched and char != old[matched]:
+            matched = prefix[matched - 1]
+        if char == old[matched]:
+            matched += 1
+        if matched == len(old):
+            count += 1
+            matched = prefix[matched - 1]
+    return count
+
+
+def exact_places(text: str, old: str, *, pace: Pace) -> tuple[int, list[int], int]:
     """``locate`` for every occurrence of ``old``, overlapping ones included, without a Python
     step per occurrence ("a" in four million "a"s is one line and one C-level count)."""
-    if len(old) <= LOOKAHEAD_MAX_CHARS and not any(
-        old.startswith(old[k:]) for k in range(1, len(old))
-    ):
-        count = text.count(old)  # no occurrence can overlap another
+    prefix = _borders(old, pace)
+    if not prefix[-1]:
+        count = text.count(old)  # without a border no occurrence can overlap another
     elif len(old) <= LOOKAHEAD_MAX_CHARS:
         count = len(re.findall(f"(?={re.escape(old)})", text))
     else:
-        # A long oldText is not compiled into a pattern; its occurrences are few anyway
-        # unless it is one character repeated.
-        count, position = 0, text.find(old)
-        while position >= 0:
-            count, position = count + 1, text.find(old, position + 1)
+        count = _overlapping_count(text, old, prefix, pace)
     if "\n" not in old:
-        lines = (n for n, line in enumerate(text.split("\n"), start=1) if old in line)
-        listed, more = _capped(lines)
-        return count, listed, more
+        # Two C-level passes over the lines: the first few that hold ``old``, and how many do.
+        pace.check()
+        lines = _view(text, pace).lines
+        holds = operator.methodcaller("__contains__", old)
+        listed = list(
+            itertools.islice(
+                itertools.compress(itertools.count(1), map(holds, lines)), MAX_LISTED_LINES
+            )
+        )
+        pace.check()
+        return count, listed, sum(map(holds, lines)) - len(listed)
 
     def line_starts() -> Iterator[int]:
         # One offset per line that an occurrence starts on.
@@ -120,7 +162,7 @@ def exact_places(text: str, old: str) -> tuple[int, list[int], int]:
             newline = text.find("\n", position)
             position = text.find(old, newline + 1)
 
-    _, listed, more = locate(text, line_starts())
+    _, listed, more = locate(text, pace.paced(line_starts()))
     return count, listed, more
 
 
@@ -167,13 +209,13 @@ def _has_line_numbers(pieces: Sequence[str], text: str) -> bool:
     return len(numbers) > 1 or bool(rest and rest in text)
 
 
-def _present(piece: str, index: int, count: int, stripped: set[str]) -> bool:
+def _present(piece: str, index: int, count: int, stripped: set[str], pace: Pace) -> bool:
     # The first and last lines of oldText may be parts of a file line; inner ones are whole.
     wanted = piece.strip()
     if index == 0:
-        return any(_starts_line(line, wanted) for line in stripped)
+        return any(_starts_line(line, wanted) for line in pace.paced(stripped))
     if index == count - 1:
-        return any(line.startswith(wanted) for line in stripped)
+        return any(line.startswith(wanted) for line in pace.paced(stripped))
     return wanted in stripped
 
 
@@ -184,21 +226,55 @@ def _excerpt(line: str) -> str:
     return flat if len(flat) <= EXCERPT_MAX_CHARS else flat[: EXCERPT_MAX_CHARS - 1] + "…"
 
 
-def _closest(wanted: str, lines: Sequence[str]) -> tuple[int, str] | None:
+class _View(NamedTuple):
+    lines: list[str]
+    stripped: list[str]
+    distinct: set[str]  # of the stripped lines
+    counts: collections.Counter[str]  # of the stripped lines
+    distinct_lines: set[str]
+
+
+_VIEWS: TextCache[_View] = TextCache()
+
+
+def _view(text: str, pace: Pace) -> _View:
+    """The file's lines, stripped and as a set, once per text: every failing edit of a call
+    sees the same text."""
+    view = _VIEWS.get(text)
+    if view is None:
+        # C-level passes over the lines (a few milliseconds per megabyte), checked between.
+        lines = text.split("\n")
+        stripped = list(map(str.strip, lines))
+        pace.check()
+        counts = collections.Counter(stripped)
+        pace.check()
+        view = _View(lines, stripped, set(counts), counts, set(lines))
+        _VIEWS.put(text, view)
+    return view
+
+
+def _closest(wanted: str, view: _View, pace: Pace) -> tuple[int, str] | None:
     """The file line most like ``wanted``: lines sharing most words with it, then the best
     difflib ratio among those (ties to the earlier line), if it is at least CLOSEST_MIN_RATIO."""
+    if len(wanted) > CLOSEST_WANTED_MAX_CHARS:
+        return None
     words = set(_WORD.findall(wanted))
     if not words:
         return None
-    scored = (
-        (-len(words.intersection(_WORD.findall(line))), number, line)
-        for number, line in enumerate(lines, start=1)
-        if len(line) <= CLOSEST_LINE_MAX_CHARS
-    )
+    # Each distinct line is scored once (a repetitive file has far fewer than its lines), and
+    # one C-level pass finds the numbers of the lines that share a word.
+    shared: dict[str, int] = {}
+    for line in pace.paced(view.distinct_lines):
+        if len(line) <= CLOSEST_LINE_MAX_CHARS:
+            count = len(words.intersection(_WORD.findall(line)))
+            if count:
+                shared[line] = -count
+    pace.check()
+    numbers = itertools.compress(itertools.count(1), map(shared.__contains__, view.lines))
+    scored = ((shared[view.lines[number - 1]], number) for number in pace.paced(numbers))
     best: tuple[float, int, str] | None = None
-    for shared, number, line in heapq.nsmallest(CLOSEST_CANDIDATES, scored):
-        if not shared:
-            break
+    for _, number in heapq.nsmallest(CLOSEST_CANDIDATES, scored):
+        line = view.lines[number - 1]
         ratio = difflib.SequenceMatcher(None, wanted, line.strip()).ratio()
         if best is None or (ratio, -number) > (best[0], -best[1]):
             best = (ratio, number, line)
@@ -207,13 +283,12 @@ def _closest(wanted: str, lines: Sequence[str]) -> tuple[int, str] | None:
     return best[1], _excerpt(best[2])
 
 
-def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None) -> str:
+def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None, pace: Pace) -> str:
     """``old_text was not found`` and each hint that holds for this text; ``whitespace`` is
     (line, strategy) of the one place a tolerant edit would have taken, if any."""
     pieces = _pieces(old)
-    file_lines = text.split("\n")
-    stripped = [line.strip() for line in file_lines]
-    distinct = set(stripped)
+    view = _view(text, pace)
+    distinct = view.distinct
     hints: list[str] = []
     if _has_elision(pieces, distinct):
         hints.append(
@@ -235,11 +310,14 @@ def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None)
     first = pieces[0].strip()
     # Beside a whitespace hint it would only repeat that place less precisely.
     if len(pieces) > 1 and first and whitespace is None:
-        lines, more = _capped(
-            number
-            for number, line in enumerate(stripped, start=1)
+        starting = {
+            line
+            for line in pace.paced(distinct)
             if line.endswith(first) and _starts_line(line, first)
-        )
+        }
+        numbers = itertools.compress(itertools.count(1), map(starting.__contains__, view.stripped))
+        lines = list(itertools.islice(numbers, MAX_LISTED_LINES))
+        more = sum(view.counts[line] for line in starting) - len(lines)
         if lines:
             hints.append(
                 f"its first line appears at {_line_list(lines, more)}, "
@@ -252,10 +330,10 @@ def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None)
         for index, piece in enumerate(pieces)
         if piece.strip()
         and not _ELISION.fullmatch(piece.strip())
-        and not _present(piece, index, len(pieces), distinct)
+        and not _present(piece, index, len(pieces), distinct, pace)
     ]
     closest = next(
-        (found for line in missing[:CLOSEST_TRIES] if (found := _closest(line, file_lines))),
+        (found for line in missing[:CLOSEST_TRIES] if (found := _closest(line, view, pace))),
         None,
     )
     if closest is not None:
@@ -263,10 +341,11 @@ def not_found_reason(text: str, old: str, *, whitespace: tuple[int, str] | None)
     return "; ".join(["old_text was not found", *hints])
 
 
-def conflict_message(edit_count: int, failures: Sequence[tuple[int, str]]) -> str:
-    """The whole EDIT_CONFLICT message for ``failures`` ((edit number, reason), in order)."""
+def conflict_message(edit_count: int, failures: Sequence[tuple[int, Callable[[], str]]]) -> str:
+    """The whole EDIT_CONFLICT message for ``failures`` ((edit number, reason), in order).
+    Each reason is computed only if its line is shown."""
     if edit_count == 1:
-        return f"Workspace edit did not apply and nothing was written: {failures[0][1]}."
+        return f"Workspace edit did not apply and nothing was written: {failures[0][1]()}."
     header = (
         f"{len(failures)} of {edit_count} workspace edits did not apply, so nothing was "
         "written. Every other edit matched."
@@ -276,7 +355,7 @@ def conflict_message(edit_count: int, failures: Sequence[tuple[int, str]]) -> st
     shown: list[str] = []
     used = 0
     for number, reason in failures:
-        line = f"Edit {number}: {reason}."
+        line = f"Edit {number}: {reason()}."
         if shown and used + len(line) + 1 > budget:
             break
         shown.append(line)

@@ -7,6 +7,10 @@ guess). ``matching: "tolerant"`` falls back to the whitespace-tolerant strategie
 occurrence with ``replaceAll``, or the whole call fails and nothing is written. A failing call
 still tries every edit, so its EDIT_CONFLICT names each one that did not match
 (``conflicts.py``).
+
+Planning is paced against the call's deadline: a plan that runs out of time stops with
+EDIT_NOT_STARTED (nothing was written, so a resend is safe) instead of running on after the
+API has answered.
 """
 
 from __future__ import annotations
@@ -14,21 +18,29 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 from sluice_protocol import edit_reports_matches
 
 from workspaces.operations.conflicts import conflict_message
-from workspaces.operations.errors import OperationError, check_deadline
+from workspaces.operations.errors import OperationError, Pace
 from workspaces.operations.files import atomic_write
 from workspaces.operations.matching import Unmatched, apply_one
 from workspaces.operations.paths import describe, open_regular, resolve_for_write
+from workspaces.operations.textcache import forget_texts
 
 UTF8_BOM = b"\xef\xbb\xbf"
 # Both the file before and after an edit must fit: the whole text is held in memory, and a
 # preview returns it in one result.
 EDIT_MAX_BYTES = 4 * 1024 * 1024
+NOT_STARTED = "EDIT_NOT_STARTED"
+NOT_STARTED_MESSAGE = (
+    "The edits could not be planned before the call's deadline; nothing was written and the "
+    "edit was not started. Resend fewer or more specific edits."
+)
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,7 @@ class EditPlan:
 
 
 def _apply(
-    text: str, edits: list[dict[str, object]], rel: str, *, tolerant: bool
+    text: str, edits: list[dict[str, object]], rel: str, *, tolerant: bool, pace: Pace
 ) -> tuple[str, list[dict[str, object]]]:
     """Every edit is tried, each on the text the earlier matching ones left, so one answer
     names every edit that failed (and its line numbers mean that text); then the call fails
@@ -55,7 +67,7 @@ def _apply(
         if not edit["oldText"]:
             raise OperationError("INVALID_REQUEST", f"Edit {number} has an empty oldText.")
     matches: list[dict[str, object]] = []
-    failures: list[tuple[int, str]] = []
+    failures: list[tuple[int, Callable[[], str]]] = []
     for number, edit in enumerate(edits, start=1):
         outcome = apply_one(
             text,
@@ -64,6 +76,7 @@ def _apply(
             number=number,
             where=describe(rel),
             max_chars=EDIT_MAX_BYTES,
+            pace=pace,
         )
         if isinstance(outcome, Unmatched):
             failures.append((number, outcome.reason))
@@ -75,7 +88,7 @@ def _apply(
     return text, matches
 
 
-def plan_edit(request: dict[str, object], *, root: str) -> EditPlan:
+def plan_edit(request: dict[str, object], *, root: str, pace: Pace) -> EditPlan:
     """Read the file once and compute the edit; nothing is written here."""
     rel = str(request["path"])
     # preview_edit is refused in .git too, so a preview never promises an edit that would fail.
@@ -102,7 +115,12 @@ def plan_edit(request: dict[str, object], *, root: str) -> EditPlan:
     except UnicodeDecodeError:
         raise OperationError("INVALID_REQUEST", f"{describe(rel)} is not UTF-8 text.") from None
     edits = cast(list[dict[str, object]], request["edits"])
-    new_text, matches = _apply(text, edits, rel, tolerant=request.get("matching") == "tolerant")
+    try:
+        new_text, matches = _apply(
+            text, edits, rel, tolerant=request.get("matching") == "tolerant", pace=pace
+        )
+    finally:
+        forget_texts()
     try:
         new_bytes = (UTF8_BOM if has_bom else b"") + new_text.encode("utf-8")
     except UnicodeEncodeError:
@@ -131,8 +149,18 @@ def _with_matches(result: dict[str, object], plan: EditPlan) -> dict[str, object
     return result
 
 
-def preview_edit(request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
-    plan = plan_edit(request, root=root)
+def planning_pace(deadline: float, clock: Callable[[], float] = time.monotonic) -> Pace:
+    return Pace(deadline, NOT_STARTED, NOT_STARTED_MESSAGE, clock)
+
+
+def preview_edit(
+    request: dict[str, object],
+    *,
+    root: str,
+    deadline: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, object]:
+    plan = plan_edit(request, root=root, pace=planning_pace(deadline, clock))
     result: dict[str, object] = {
         "path": plan.rel,
         "content": plan.new_text,
@@ -144,9 +172,17 @@ def preview_edit(request: dict[str, object], *, root: str, deadline: float) -> d
     return _with_matches(result, plan)
 
 
-def edit_file(request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
-    plan = plan_edit(request, root=root)
-    check_deadline(deadline, "WRITE_TIMEOUT")
+def edit_file(
+    request: dict[str, object],
+    *,
+    root: str,
+    deadline: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> dict[str, object]:
+    pace = planning_pace(deadline, clock)
+    plan = plan_edit(request, root=root, pace=pace)
+    # The last point at which the edit can still be not started.
+    pace.check()
     # Narrows (does not close) the window in which another process changes the file between
     # our read and the rename; a change seen here is a conflict and nothing is written.
     try:

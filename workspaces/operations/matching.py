@@ -23,11 +23,12 @@ Line-window matches span whole lines, keep the file's own line terminators and g
 replacement the terminator style (LF or CRLF) found where it lands. Every search is linear in
 the file (KMP over lines or tokens), except the indentation check of repeated candidates,
 which has a fixed budget: past it the edit is refused rather than left to run for seconds.
+Every loop that takes a Python step per line or token is paced (``errors.Pace``): past the
+call's deadline it stops with the not-started answer, since nothing has been written yet.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ from workspaces.operations.conflicts import (
     locate,
     not_found_reason,
 )
-from workspaces.operations.errors import OperationError
+from workspaces.operations.errors import OperationError, Pace
+from workspaces.operations.textcache import TextCache
 
 # Line comparisons the indentation-flexible strategy may spend on one edit.
 MAX_INDENT_VERIFICATIONS = 100_000
@@ -71,21 +73,26 @@ class TooRepetitive(Exception):
     pass
 
 
-@functools.lru_cache(maxsize=2)
-def _lines(text: str) -> tuple[_Line, ...]:
-    """The file's lines, computed once for the strategies that each walk them (and for a
-    preview and edit of the same text). The lookup costs the text's hash and, on a hit, one
-    comparison with the cached text, both in C, against a Python step per line."""
+_LINES: TextCache[tuple[_Line, ...]] = TextCache()
+
+
+def _lines(text: str, pace: Pace) -> tuple[_Line, ...]:
+    """The file's lines, computed once for the strategies that each walk them."""
+    cached = _LINES.get(text)
+    if cached is not None:
+        return cached
     lines: list[_Line] = []
     start = 0
     pieces = text.split("\n")
-    for piece in pieces[:-1]:
+    for piece in pace.paced(pieces[:-1]):
         end = start + len(piece)
         content_end = end - 1 if piece.endswith("\r") else end
         lines.append(_Line(start, content_end, end + 1))
         start = end + 1
     lines.append(_Line(start, len(text), None))
-    return tuple(lines)
+    result = tuple(lines)
+    _LINES.put(text, result)
+    return result
 
 
 def _needle(old: str) -> tuple[list[str], bool]:
@@ -160,12 +167,12 @@ def _reindent(value: str, old_indent: str, new_indent: str) -> str:
 
 
 def _line_windows(
-    text: str, old: str, new: str, *, flexible: bool, limit: int | None
+    text: str, old: str, new: str, *, flexible: bool, limit: int | None, pace: Pace
 ) -> list[Span]:
     needle, through = _needle(old)
     if not any(line.strip() for line in needle):
         return []
-    lines = _lines(text)
+    lines = _lines(text, pace)
     if len(needle) > len(lines):
         return []
     needle_indent = _common_indent(needle)
@@ -174,7 +181,7 @@ def _line_windows(
     budget = max(MAX_INDENT_VERIFICATIONS, len(needle))
     # Both strategies prefilter on stripped lines: an indentation-flexible match is always a
     # line-trimmed one, so only those candidates need their relative indentation checked.
-    keys = (text[line.start : line.end].strip() for line in lines)
+    keys = (text[line.start : line.end].strip() for line in pace.paced(lines))
     for last in _kmp_ends([line.strip() for line in needle], keys):
         first = last - len(needle) + 1
         end = lines[last].next if through else lines[last].end
@@ -219,7 +226,9 @@ def _ending_at(text: str, offset: int) -> str:
     return "\r\n" if newline > 0 and text[newline - 1] == "\r" else "\n"
 
 
-def _whitespace_normalized(text: str, old: str, new: str, *, limit: int | None) -> list[Span]:
+def _whitespace_normalized(
+    text: str, old: str, new: str, *, limit: int | None, pace: Pace
+) -> list[Span]:
     normalized = old.replace("\r\n", "\n")
     tokens = _TOKEN.findall(normalized)
     if len(tokens) < 2:
@@ -233,7 +242,7 @@ def _whitespace_normalized(text: str, old: str, new: str, *, limit: int | None) 
     last_end = [0]
 
     def words() -> Iterator[str]:
-        for index, word in enumerate(_TOKEN.finditer(text)):
+        for index, word in enumerate(pace.paced(_TOKEN.finditer(text))):
             starts[index % len(tokens)] = word.start()
             last_end[0] = word.end()
             yield word.group()
@@ -247,12 +256,18 @@ def _whitespace_normalized(text: str, old: str, new: str, *, limit: int | None) 
     return spans
 
 
-_Finder = Callable[[str, str, str, int | None], list[Span]]
+_Finder = Callable[[str, str, str, int | None, Pace], list[Span]]
 
 _TOLERANT: dict[str, _Finder] = {
-    "line-trimmed": lambda t, o, n, lim: _line_windows(t, o, n, flexible=False, limit=lim),
-    "whitespace-normalized": lambda t, o, n, lim: _whitespace_normalized(t, o, n, limit=lim),
-    "indentation-flexible": lambda t, o, n, lim: _line_windows(t, o, n, flexible=True, limit=lim),
+    "line-trimmed": lambda t, o, n, lim, p: _line_windows(
+        t, o, n, flexible=False, limit=lim, pace=p
+    ),
+    "whitespace-normalized": lambda t, o, n, lim, p: _whitespace_normalized(
+        t, o, n, limit=lim, pace=p
+    ),
+    "indentation-flexible": lambda t, o, n, lim, p: _line_windows(
+        t, o, n, flexible=True, limit=lim, pace=p
+    ),
 }
 assert tuple(_TOLERANT) == TOLERANT_STRATEGIES
 
@@ -307,9 +322,12 @@ def _splice(text: str, spans: list[Span]) -> str:
 
 @dataclass(frozen=True)
 class Unmatched:
-    """An edit that did not apply; ``reason`` is its clause of the EDIT_CONFLICT message."""
+    """An edit that did not apply; ``reason()`` is its clause of the EDIT_CONFLICT message.
 
-    reason: str
+    Computed on demand: the message shows only the failures that fit its length, and the
+    hints of a not-found edit each take a pass over the file."""
+
+    reason: Callable[[], str]
 
 
 def _tokens_present(text: str, old: str) -> bool:
@@ -321,16 +339,17 @@ def _tokens_present(text: str, old: str) -> bool:
 
 
 def _first_tolerant(
-    text: str, old: str, new: str, replace_all: bool
+    text: str, old: str, new: str, replace_all: bool, pace: Pace
 ) -> tuple[str, list[Span]] | str | None:
     """What a tolerant edit takes: (strategy, spans) of the first strategy that matches
     unambiguously, else the name of the first one that matched more than once, else None.
     Raises TooRepetitive."""
+    pace.check()
     if not _tokens_present(text, old):
         return None
     first_ambiguous: str | None = None
     for strategy, find in _TOLERANT.items():
-        spans = find(text, old, new, None if replace_all else 2)
+        spans = find(text, old, new, None if replace_all else 2, pace)
         if replace_all:
             spans = _disjoint(spans)
         if len(spans) == 1 or (replace_all and spans):
@@ -344,28 +363,42 @@ def _line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
 
 
-def _not_found(text: str, old: str, new: str, replace_all: bool, *, tolerant: bool) -> Unmatched:
-    whitespace: tuple[int, str] | None = None
-    if not tolerant and len(text) <= WHITESPACE_HINT_MAX_CHARS:
-        # The hint names the place a tolerant edit would have taken; a search too repetitive
-        # to finish only loses the hint.
-        try:
-            found = _first_tolerant(text, old, new, replace_all)
-        except TooRepetitive:
-            found = None
-        if isinstance(found, tuple):
-            strategy, spans = found
-            whitespace = (_line_of(text, spans[0].start), strategy)
-    return Unmatched(not_found_reason(text, old, whitespace=whitespace))
+def _not_found(
+    text: str, old: str, new: str, replace_all: bool, *, tolerant: bool, pace: Pace
+) -> Unmatched:
+    def reason() -> str:
+        whitespace: tuple[int, str] | None = None
+        if not tolerant and len(text) <= WHITESPACE_HINT_MAX_CHARS:
+            # The hint names the place a tolerant edit would have taken; a search too
+            # repetitive to finish only loses the hint.
+            try:
+                found = _first_tolerant(text, old, new, replace_all, pace)
+            except TooRepetitive:
+                found = None
+            if isinstance(found, tuple):
+                strategy, spans = found
+                whitespace = (_line_of(text, spans[0].start), strategy)
+        return not_found_reason(text, old, whitespace=whitespace, pace=pace)
+
+    return Unmatched(reason)
 
 
 def apply_one(
-    text: str, edit: dict[str, object], *, tolerant: bool, number: int, where: str, max_chars: int
+    text: str,
+    edit: dict[str, object],
+    *,
+    tolerant: bool,
+    number: int,
+    where: str,
+    max_chars: int,
+    pace: Pace,
 ) -> Applied | Unmatched:
     """Apply edit ``number`` (1-based) to ``text``, or say why it does not match.
 
-    Raises EDIT_CONFLICT only when the search itself is refused (too repetitive), and
-    WRITE_LIMIT_EXCEEDED when the result would be too large."""
+    Raises EDIT_CONFLICT only when the search itself is refused (too repetitive),
+    WRITE_LIMIT_EXCEEDED when the result would be too large, and ``pace``'s code past the
+    deadline."""
+    pace.check()
     old, new = str(edit["oldText"]), str(edit["newText"])
     replace_all = edit.get("replaceAll") is True
     seen, occurrences = _exact(text, old, replace_all)
@@ -378,11 +411,11 @@ def apply_one(
         result = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         return Applied(result, "exact", occurrences)
     if seen > 1:
-        return Unmatched(ambiguous_reason("exact", exact_places(text, old)))
+        return Unmatched(lambda: ambiguous_reason("exact", exact_places(text, old, pace=pace)))
     if not tolerant:
-        return _not_found(text, old, new, replace_all, tolerant=False)
+        return _not_found(text, old, new, replace_all, tolerant=False, pace=pace)
     try:
-        found = _first_tolerant(text, old, new, replace_all)
+        found = _first_tolerant(text, old, new, replace_all, pace)
     except TooRepetitive:
         raise OperationError(
             "EDIT_CONFLICT",
@@ -397,6 +430,8 @@ def apply_one(
         # Never indentation-flexible: its every match is a line-trimmed one, so line-trimmed
         # was ambiguous first (or applied). Counting every place therefore cannot run into
         # the indentation budget.
-        spans = _TOLERANT[found](text, old, new, None)
-        return Unmatched(ambiguous_reason(found, locate(text, [span.start for span in spans])))
-    return _not_found(text, old, new, replace_all, tolerant=True)
+        ambiguous = found
+        spans = _TOLERANT[ambiguous](text, old, new, None, pace)
+        places = locate(text, [span.start for span in spans])
+        return Unmatched(lambda: ambiguous_reason(ambiguous, places))
+    return _not_found(text, old, new, replace_all, tolerant=True, pace=pace)
