@@ -76,6 +76,15 @@ SWEEP_PERIOD_S = 1.0
 # A draft whose call never showed a status this long past its budgets never entered its queue
 # (its process died between saving the draft and entering): it owes no row.
 NEVER_ENTERED_GRACE_MS = 60_000
+# Codes the synchronous endpoint answers that LibreChat's durable client does not know (it
+# would report each as a final 422 WORKSPACE_TOOL_REJECTED): a `failed` status says the same
+# in codes it maps. Both mean "not started"; the row keeps the synchronous code and status.
+STATUS_CODES = {
+    # 503: the service stopped before the call's grant; sent again, it may run.
+    "SERVICE_SHUTTING_DOWN": "WORKER_OFFLINE",
+    # 403: the call's key was revoked while it waited; reported, never retried.
+    "UNAUTHENTICATED": "WORKER_UNAUTHORIZED",
+}
 _SWEEP_CHUNK = 500
 _SWEEP_MAX_CHUNKS = 20
 
@@ -112,6 +121,8 @@ def _failure(code: str, worker_id: str) -> Refusal:
     if code == "UNAUTHENTICATED":
         # Its key was revoked while it waited (the grant refused it; not started).
         return refusals.key_revoked()
+    if code == "SERVICE_SHUTTING_DOWN":
+        return refusals.shutting_down(waited=True)
     return refusals.assignment_expired()
 
 
@@ -176,7 +187,8 @@ async def durable_ending(
     elif state == "cancelled":
         refusal = refusals.request_cancelled()
     if refusal is not None and state != "cancelled":
-        answer.update(state="failed", error={"code": refusal.code, "message": refusal.message})
+        code = STATUS_CODES.get(refusal.code, refusal.code)
+        answer.update(state="failed", error={"code": code, "message": refusal.message})
     # A settlement says when; any other ending happened by the call's deadline at the latest
     # (the scripts record no time for it), and by the moment it was seen.
     ended = int(status["te"]) if status.get("te") else min(now_ms, deadline)

@@ -34,6 +34,7 @@ REJECTION_ADVICE: dict[str, str] = {
     "NO_WORKER_SELECTED": "pass a worker id, or ask an admin to set a default worker",
     "COMMAND_UNAVAILABLE": "the worker was too busy to start it in time: wait and retry",
     "UNAUTHENTICATED": "check the API key",
+    "WORKER_UNAUTHORIZED": "the API key was revoked while the call waited: check the API key",
     "WORKER_NOT_FOUND": "check the worker id",
     "WORKER_MISMATCH": (
         "the worker does not offer this operation for this workspace: pick another worker "

@@ -39,6 +39,7 @@ _NOT_STARTED: dict[tuple[int, str], RetryKind | None] = {
     (503, "SERVICE_SHUTTING_DOWN"): None,
     (503, "COMMAND_UNAVAILABLE"): None,
     (401, "UNAUTHENTICATED"): None,
+    (403, "WORKER_UNAUTHORIZED"): None,
     (404, "WORKER_NOT_FOUND"): None,
     (409, "WORKER_MISMATCH"): None,
     (409, "WORKSPACE_QUARANTINED"): None,
