@@ -73,6 +73,9 @@ SETTLE_GRACE_MS = 500
 CLAIM_LEASE_MS = 30_000
 # The drainer sweeps for durable calls that ended without a row this often.
 SWEEP_PERIOD_S = 1.0
+# A synchronous call's process writes its row as soon as it answers, and its answer follows
+# the call's end at once: a draft still there this long after the end lost its process.
+SYNC_ROW_GRACE_MS = 15_000
 # A draft whose call never showed a status this long past its budgets never entered its queue
 # (its process died between saving the draft and entering): it owes no row.
 NEVER_ENTERED_GRACE_MS = 60_000
@@ -127,9 +130,15 @@ def _failure(code: str, worker_id: str) -> Refusal:
 
 
 async def _settled(
-    worker_id: str, entry_id: str, payload: dict[str, Any], request: dict[str, Any]
+    worker_id: str,
+    entry_id: str,
+    payload: dict[str, Any],
+    request: dict[str, Any] | None,
+    operation: str,
 ) -> tuple[dict[str, Any] | None, Refusal | None, bool]:
-    """(result, refusal, quarantine) from a settlement, checked as execute checks it."""
+    """(result, refusal, quarantine) from a settlement, checked as execute checks it (the
+    result against `request`; None: a synchronous call's, whose request is not kept and whose
+    result reaches nobody)."""
     key = await in_db_thread(worker_signing_key, worker_id=worker_id)
     body = unsigned(payload)
     if key is None or not verify(
@@ -138,17 +147,16 @@ async def _settled(
         return None, refusals.result_invalid("settlement"), False
     if payload.get("ok") is True:
         try:
-            validate_result(request, payload.get("result"))
-        except ProtocolError:
+            if request is not None:
+                validate_result(request, payload.get("result"))
+            return dict(payload["result"]), None, False
+        except (ProtocolError, TypeError, ValueError):
             return None, refusals.result_invalid("result"), False
-        return dict(payload["result"]), None, False
     try:
         _status, code, text = validate_error_result(payload.get("error"))
     except ProtocolError:
         return None, refusals.result_invalid("error answer"), False
-    quarantine = payload.get("quarantine") is True and request.get("operation") in (
-        MUTATING_OPERATIONS
-    )
+    quarantine = payload.get("quarantine") is True and operation in MUTATING_OPERATIONS
     return None, refusals.worker_refused(code, text), quarantine
 
 
@@ -160,8 +168,11 @@ async def durable_ending(
     entry_id: str,
     status: dict[str, Any],
     now_ms: int,
+    draft_operation: str = "",
 ) -> Ending:
-    """Read a status (Redis clock `now_ms`) as the §2.7 answer and, once ended, its ending."""
+    """Read a status (Redis clock `now_ms`) as the §2.7 answer and, once ended, its ending.
+    A synchronous call's status (rw) has no payload: its settlement is read from its wake list
+    while that lasts, and its operation from its draft (`draft_operation`)."""
     state = str(status["state"])
     deadline = int(status["dl"])
     # Past its deadline nothing can grant or settle it any more (the scripts check by this
@@ -175,10 +186,24 @@ async def durable_ending(
         return Ending(answer, live=True)
     refusal: Refusal | None = None
     quarantine = False
-    if state == "settled":
+    if state == "settled" and status.get("rw") == 1:
+        payload = await queue.settlement_of(worker_id=worker_id, entry_id=entry_id)
+        if payload is None:
+            refusal = refusals.assignment_expired(
+                "The worker settled the call, but its answer was no longer kept; it may have run."
+            )
+        else:
+            _result, refusal, quarantine = await _settled(
+                worker_id, entry_id, payload, None, draft_operation
+            )
+    elif state == "settled":
         request = await queue.row_request(worker_id=worker_id, entry_id=entry_id)
         result, refusal, quarantine = await _settled(
-            worker_id, entry_id, json.loads(status["payload"]), request or {}
+            worker_id,
+            entry_id,
+            json.loads(status["payload"]),
+            request or {},
+            str((request or {}).get("operation", "")),
         )
         if result is not None:
             answer.update(state="completed", result=result)
@@ -198,7 +223,9 @@ async def durable_ending(
 def completion_row(
     saved: dict[str, Any], status: dict[str, Any], ending: Ending, status_of: StatusOf
 ) -> CompletionDraft:
-    """The call's one completion row: the saved draft, completed with the status's facts."""
+    """The call's one completion row: the saved draft, completed with the status's facts. A
+    synchronous call's (rw) row is written only when its process died: its answer, the one the
+    endpoint would have given, reached nobody."""
     refusal = ending.refusal
     admitted = status.get("ta")
     draft = CompletionDraft.restored(saved)
@@ -211,6 +238,8 @@ def completion_row(
         refusal,
         duration_ms=max(0, ending.ended_ms - int(status["t0"])),
     )
+    if status.get("rw") == 1:
+        draft.unanswered()
     return draft
 
 
@@ -236,7 +265,9 @@ async def row_write_once(
     if ending.quarantine and ending.refusal is not None:
         await in_db_thread(quarantine_row, row=saved, reason=ending.refusal.message)
     await completion_emit(row, queue.client)
-    await queue.row_done(worker_id=worker_id, entry_id=entry_id, ttl_ms=DURABLE_KEEP_MS)
+    # A synchronous call's "done" only has to outlive a claim that could still be under way.
+    keep_ms = lease_ms if status.get("rw") == 1 else DURABLE_KEEP_MS
+    await queue.row_done(worker_id=worker_id, entry_id=entry_id, ttl_ms=keep_ms)
     return "written"
 
 
@@ -382,6 +413,9 @@ class DurableSweeper:
                 await self.queue.row_forget(worker_id=worker_id, entry_id=entry_id)
             return 0
         status = json.loads(raw_status)
+        synchronous = status.get("rw") == 1
+        if synchronous and not self._over(status, now_ms):
+            return 0
         ending = await durable_ending(
             self.queue,
             request_id="",
@@ -389,8 +423,9 @@ class DurableSweeper:
             entry_id=entry_id,
             status=status,
             now_ms=now_ms,
+            draft_operation=str(json.loads(raw_row).get("operation", "")),
         )
-        if ending.live:
+        if ending.live or (synchronous and now_ms < ending.ended_ms + SYNC_ROW_GRACE_MS):
             return 0
         wrote = await row_write_once(
             self.queue,
@@ -402,6 +437,18 @@ class DurableSweeper:
             lease_ms=self.lease_ms,
         )
         return 1 if wrote == "written" else 0
+
+    @staticmethod
+    def _over(status: dict[str, Any], now_ms: int) -> bool:
+        """Whether a synchronous call may have ended SYNC_ROW_GRACE_MS ago: settled or failed
+        that long ago, or its deadline (with the settlement's grace) that far behind. Most
+        calls a sweep finds are alive and well, and cost it nothing more than this look."""
+        if status.get("te"):
+            return now_ms >= int(status["te"]) + SYNC_ROW_GRACE_MS
+        # Otherwise the scripts record no time: its deadline bounds when it ended (a running
+        # call's settlement may come a little past it).
+        grace_ms = SETTLE_GRACE_MS if status["state"] == "admitted" else 0
+        return now_ms >= int(status["dl"]) + grace_ms + SYNC_ROW_GRACE_MS
 
 
 class SweeperThread(threading.Thread):

@@ -545,6 +545,13 @@ async def _admitted_call(
             ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
             submitted_ms=int(draft.started * 1000),
         )
+    row = ""
+    if not call.durable and queue.dispatching:
+        # The row's draft goes in with the call (the same script, no round trip of its own):
+        # if this process dies, the drainer's sweep writes the row from it once the call ends
+        # (admission/durable.py); if it lives, writing the row here removes it.
+        row = json.dumps(draft.row())
+        draft.saved(call.worker_id, call.entry_id)
     while True:
         # Signed against the incarnation the offer was read with: a call entering under another
         # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
@@ -573,6 +580,8 @@ async def _admitted_call(
             durable=call.durable,
             incarnation=target.incarnation_id,
             key_id=call.caller.key_id,
+            row=row,
+            row_ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
             now_ms=clock.scripts_ms(),
         )
         call.maybe_queued = False
