@@ -579,12 +579,12 @@ class AsyncQueue(_Scripts):
 
     async def settlement_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         """The worker's settlement of a synchronous call as pushed to its wake list (for
-        WAKE_TTL_MS), when nobody took it: the other messages there have a type ("t")."""
+        WAKE_TTL_MS), when nobody took it: the one message there of type "result"."""
         pushed = await self.client.lrange(self.keys(worker_id).wake(entry_id), 0, -1)
         for raw in reversed(pushed or []):
             with contextlib.suppress(ValueError, TypeError):
                 message = json.loads(raw)
-                if isinstance(message, dict) and "t" not in message:
+                if isinstance(message, dict) and message.get("t", "result") == "result":
                     return message
         return None
 
