@@ -92,10 +92,11 @@ class CompletionDraft:
         """In its worker's queue, with this fencing ticket."""
         self.fencing_ticket = ticket
 
-    def saved(self, worker_id: str, entry_id: str) -> None:
-        """Saved in Redis as it enters its queue (a synchronous call's), to be swept if this
-        process dies; writing the row here ends the saved one."""
-        self.saved_as = (worker_id, entry_id)
+    def saved(self, at: tuple[str, str] | None) -> None:
+        """Saved in Redis (worker id, entry id) as it enters its queue (a synchronous call's),
+        to be swept if this process dies; writing the row here ends the saved one. None: the
+        queue refused it, and nothing was saved."""
+        self.saved_as = at
 
     def admitted(self, slot: int, *, waited_ms: int) -> None:
         self.slot_index, self.queue_wait_ms = slot, waited_ms

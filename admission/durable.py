@@ -18,6 +18,11 @@ dies between its claim and "done" leaves the claim to lapse (CLAIM_LEASE_MS) and
 claimant writes the row again with the same uid, which Postgres keeps once (completion rows
 are unique by uid); only that writer's /metrics counters may then count the call twice.
 
+A synchronous call whose process dies is swept the same way: its draft and a status entered
+the queue with it (AsyncQueue.enter), its process removes them when it writes the row, and the
+sweep writes the row of one still there SYNC_ROW_GRACE_MS after the call ended (outcome
+"disconnected": the answer reached nobody).
+
 The row says what the call did, from the draft (who, what, budgets) and the final status
 (ticket, slot, queue wait, execution, outcome). HTTP statuses belong to the API edge: every
 writer is handed the edge's table (`status_of`), so the row records the status the
@@ -440,9 +445,9 @@ class DurableSweeper:
 
     @staticmethod
     def _over(status: dict[str, Any], now_ms: int) -> bool:
-        """Whether a synchronous call may have ended SYNC_ROW_GRACE_MS ago: settled or failed
-        that long ago, or its deadline (with the settlement's grace) that far behind. Most
-        calls a sweep finds are alive and well, and cost it nothing more than this look."""
+        """Whether a synchronous call may have ended SYNC_ROW_GRACE_MS ago: settled that long
+        ago, or its deadline (with the settlement's grace) that far behind. Most calls a sweep
+        finds are alive and well, and cost it nothing more than this look."""
         if status.get("te"):
             return now_ms >= int(status["te"]) + SYNC_ROW_GRACE_MS
         # Otherwise the scripts record no time: its deadline bounds when it ended (a running

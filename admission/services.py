@@ -551,8 +551,9 @@ async def _admitted_call(
         # if this process dies, the drainer's sweep writes the row from it once the call ends
         # (admission/durable.py); if it lives, writing the row here removes it.
         row = json.dumps(draft.row())
-        draft.saved(call.worker_id, call.entry_id)
     while True:
+        if row:
+            draft.saved((call.worker_id, call.entry_id))
         # Signed against the incarnation the offer was read with: a call entering under another
         # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
         assignment = _assignment(call, target.incarnation_id, exec_ms, command_timeout)
@@ -585,6 +586,8 @@ async def _admitted_call(
             now_ms=clock.scripts_ms(),
         )
         call.maybe_queued = False
+        if row and entered.status not in ("granted", "waiting"):
+            draft.saved(None)  # refused at the door: its row's write has nothing to remove
         if entered.status != "refused":
             break
         # Perhaps only this process's view of the worker was old (the caller cache): the next

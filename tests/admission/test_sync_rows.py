@@ -41,7 +41,7 @@ async def enter(q: AsyncQueue, worker_id: str, entry_id: str, now: int) -> tuple
         deadline_budget_ms=QUEUE_MS + EXEC_MS,
     )
     draft.started = (WALL0 + now - T0) / 1000
-    draft.saved(worker_id, entry_id)
+    draft.saved((worker_id, entry_id))
     assert q.dispatching, "the sweep runs where the scripts dispatch"
     entered = await q.enter(
         worker_id=worker_id,

@@ -62,14 +62,16 @@ def test_every_command_a_killed_process_started_has_exactly_one_row(
     try:
         with ThreadPoolExecutor(len(cut) + len(kept)) as pool:
             for name in cut[:4]:
-                pool.submit(send, doomed, name, name.split("-")[1], 2)
+                pool.submit(send, doomed, name, name.split("-")[1], 4)
             wait_until(lambda: len(list(marks.iterdir())) == 4, timeout_s=30)
             for name in cut[4:]:
                 pool.submit(send, doomed, name, name.split("-")[1], 1)
+            # Every call of the doomed process is in its queue before the process goes, and
+            # so are the living process's, behind them.
+            wait_until(lambda: _in_queue(owner.worker_id) >= len(cut), timeout_s=30)
             for name in kept:
                 pool.submit(send, api, name, name.split("-")[1], 0.2)
-            # Every call of the doomed process is in its queue before the process goes.
-            wait_until(lambda: _in_queue(owner.worker_id) >= len(cut), timeout_s=30)
+            wait_until(lambda: _in_queue(owner.worker_id) >= len(cut) + len(kept), timeout_s=30)
             doomed.process.signal(signal.SIGKILL)
     finally:
         doomed.process.kill_group()
