@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 
 from admission.dbthread import in_db_thread
 from admission.models import CompletionLog
+from admission.queue import row_cleanup
 from admission.refusals import Refusal
 
 log = logging.getLogger("sluice.completion")
@@ -72,6 +73,9 @@ class CompletionDraft:
     duration_ms: int = 0
     deadline_budget_ms: int = 0
     fencing_ticket: int | None = None
+    # (worker id, entry id) when a synchronous call's draft was saved in Redis as it entered
+    # its queue (admission/durable.py sweeps it if this process dies): the row's write ends it.
+    saved_as: tuple[str, str] | None = None
 
     # The facts a call reports as it goes. These methods are the only writers of a draft's
     # fields: what the row says of admission and outcome follows from the facts here alone.
@@ -87,6 +91,12 @@ class CompletionDraft:
     def entered(self, ticket: int) -> None:
         """In its worker's queue, with this fencing ticket."""
         self.fencing_ticket = ticket
+
+    def saved(self, at: tuple[str, str] | None) -> None:
+        """Saved in Redis (worker id, entry id) as it enters its queue (a synchronous call's),
+        to be swept if this process dies; writing the row here ends the saved one. None: the
+        queue refused it, and nothing was saved."""
+        self.saved_as = at
 
     def admitted(self, slot: int, *, waited_ms: int) -> None:
         self.slot_index, self.queue_wait_ms = slot, waited_ms
@@ -127,6 +137,11 @@ class CompletionDraft:
             duration_ms = int((time.monotonic() - self.started_monotonic) * 1000)
         self.duration_ms = duration_ms
 
+    def unanswered(self) -> None:
+        """Its API process ended before it answered (the row is written from the draft it
+        saved): whatever the call did, its answer reached nobody."""
+        self.outcome = "disconnected"
+
     def went_away_answered(self) -> None:
         """The answer of a call whose client is gone: 499, which nobody reads."""
         self.went_away()
@@ -135,7 +150,7 @@ class CompletionDraft:
     @classmethod
     def restored(cls, saved: dict[str, Any]) -> CompletionDraft:
         """A draft saved as `row()` (a durable call's), to be completed by its status."""
-        draft = cls(**{k: v for k, v in saved.items() if k != "started"})
+        draft = cls(**{k: v for k, v in saved.items() if k in _ROW_FIELDS and k != "started"})
         draft.started = float(saved["started"])
         return draft
 
@@ -151,9 +166,12 @@ class CompletionDraft:
         return data
 
 
-# A row's fields: the draft's, less its monotonic start (a moment of this process only).
+# A row's fields: the draft's, less its monotonic start (a moment of this process only) and
+# where it was saved.
 _ROW_FIELDS = tuple(
-    f.name for f in dataclasses.fields(CompletionDraft) if f.name != "started_monotonic"
+    f.name
+    for f in dataclasses.fields(CompletionDraft)
+    if f.name not in ("started_monotonic", "saved_as")
 )
 
 # What `describe` may set: everything the request, its caller and its budgets say.
@@ -360,6 +378,13 @@ async def completion_emit_many(drafts: list[CompletionDraft], client: Any) -> No
         pipe = client.pipeline(transaction=False)
         for data in rows:
             pipe.xadd(stream_key(), _encode(data), maxlen=STREAM_MAX_ROWS, approximate=True)
+        for draft in drafts:
+            if draft.saved_as is not None:
+                # After its row, in the same round trip: a draft left behind (this batch went
+                # to Postgres instead) is swept later under the same uid, kept once.
+                worker_id, entry_id = draft.saved_as
+                row_cleanup(pipe, prefix=settings.REDIS_KEY_PREFIX, worker_id=worker_id,
+                            entry_id=entry_id)  # fmt: skip
         key = metrics_key()
         for name, amount in counts.fields.items():
             pipe.hincrby(key, name, amount)

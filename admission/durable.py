@@ -18,6 +18,11 @@ dies between its claim and "done" leaves the claim to lapse (CLAIM_LEASE_MS) and
 claimant writes the row again with the same uid, which Postgres keeps once (completion rows
 are unique by uid); only that writer's /metrics counters may then count the call twice.
 
+A synchronous call whose process dies is swept the same way: its draft and a status entered
+the queue with it (AsyncQueue.enter), its process removes them when it writes the row, and the
+sweep writes the row of one still there SYNC_ROW_GRACE_MS after the call ended (outcome
+"disconnected": the answer reached nobody).
+
 The row says what the call did, from the draft (who, what, budgets) and the final status
 (ticket, slot, queue wait, execution, outcome). HTTP statuses belong to the API edge: every
 writer is handed the edge's table (`status_of`), so the row records the status the
@@ -73,9 +78,21 @@ SETTLE_GRACE_MS = 500
 CLAIM_LEASE_MS = 30_000
 # The drainer sweeps for durable calls that ended without a row this often.
 SWEEP_PERIOD_S = 1.0
+# A synchronous call's process writes its row as soon as it answers, and its answer follows
+# the call's end at once: a draft still there this long after the end lost its process.
+SYNC_ROW_GRACE_MS = 15_000
 # A draft whose call never showed a status this long past its budgets never entered its queue
 # (its process died between saving the draft and entering): it owes no row.
 NEVER_ENTERED_GRACE_MS = 60_000
+# Codes the synchronous endpoint answers that LibreChat's durable client does not know (it
+# would report each as a final 422 WORKSPACE_TOOL_REJECTED): a `failed` status says the same
+# in codes it maps. Both mean "not started"; the row keeps the synchronous code and status.
+STATUS_CODES = {
+    # 503: the service stopped before the call's grant; sent again, it may run.
+    "SERVICE_SHUTTING_DOWN": "WORKER_OFFLINE",
+    # 403: the call's key was revoked while it waited; reported, never retried.
+    "UNAUTHENTICATED": "WORKER_UNAUTHORIZED",
+}
 _SWEEP_CHUNK = 500
 _SWEEP_MAX_CHUNKS = 20
 
@@ -112,13 +129,21 @@ def _failure(code: str, worker_id: str) -> Refusal:
     if code == "UNAUTHENTICATED":
         # Its key was revoked while it waited (the grant refused it; not started).
         return refusals.key_revoked()
+    if code == "SERVICE_SHUTTING_DOWN":
+        return refusals.shutting_down(waited=True)
     return refusals.assignment_expired()
 
 
 async def _settled(
-    worker_id: str, entry_id: str, payload: dict[str, Any], request: dict[str, Any]
+    worker_id: str,
+    entry_id: str,
+    payload: dict[str, Any],
+    request: dict[str, Any] | None,
+    operation: str,
 ) -> tuple[dict[str, Any] | None, Refusal | None, bool]:
-    """(result, refusal, quarantine) from a settlement, checked as execute checks it."""
+    """(result, refusal, quarantine) from a settlement, checked as execute checks it (the
+    result against `request`; None: a synchronous call's, whose request is not kept and whose
+    result reaches nobody)."""
     key = await in_db_thread(worker_signing_key, worker_id=worker_id)
     body = unsigned(payload)
     if key is None or not verify(
@@ -127,17 +152,16 @@ async def _settled(
         return None, refusals.result_invalid("settlement"), False
     if payload.get("ok") is True:
         try:
-            validate_result(request, payload.get("result"))
-        except ProtocolError:
+            if request is not None:
+                validate_result(request, payload.get("result"))
+            return dict(payload["result"]), None, False
+        except (ProtocolError, TypeError, ValueError):
             return None, refusals.result_invalid("result"), False
-        return dict(payload["result"]), None, False
     try:
         _status, code, text = validate_error_result(payload.get("error"))
     except ProtocolError:
         return None, refusals.result_invalid("error answer"), False
-    quarantine = payload.get("quarantine") is True and request.get("operation") in (
-        MUTATING_OPERATIONS
-    )
+    quarantine = payload.get("quarantine") is True and operation in MUTATING_OPERATIONS
     return None, refusals.worker_refused(code, text), quarantine
 
 
@@ -149,8 +173,11 @@ async def durable_ending(
     entry_id: str,
     status: dict[str, Any],
     now_ms: int,
+    draft_operation: str = "",
 ) -> Ending:
-    """Read a status (Redis clock `now_ms`) as the §2.7 answer and, once ended, its ending."""
+    """Read a status (Redis clock `now_ms`) as the §2.7 answer and, once ended, its ending.
+    A synchronous call's status (rw) has no payload: its settlement is read from its wake list
+    while that lasts, and its operation from its draft (`draft_operation`)."""
     state = str(status["state"])
     deadline = int(status["dl"])
     # Past its deadline nothing can grant or settle it any more (the scripts check by this
@@ -164,10 +191,24 @@ async def durable_ending(
         return Ending(answer, live=True)
     refusal: Refusal | None = None
     quarantine = False
-    if state == "settled":
+    if state == "settled" and status.get("rw") == 1:
+        payload = await queue.settlement_of(worker_id=worker_id, entry_id=entry_id)
+        if payload is None:
+            refusal = refusals.assignment_expired(
+                "The worker settled the call, but its answer was no longer kept; it may have run."
+            )
+        else:
+            _result, refusal, quarantine = await _settled(
+                worker_id, entry_id, payload, None, draft_operation
+            )
+    elif state == "settled":
         request = await queue.row_request(worker_id=worker_id, entry_id=entry_id)
         result, refusal, quarantine = await _settled(
-            worker_id, entry_id, json.loads(status["payload"]), request or {}
+            worker_id,
+            entry_id,
+            json.loads(status["payload"]),
+            request or {},
+            str((request or {}).get("operation", "")),
         )
         if result is not None:
             answer.update(state="completed", result=result)
@@ -176,7 +217,8 @@ async def durable_ending(
     elif state == "cancelled":
         refusal = refusals.request_cancelled()
     if refusal is not None and state != "cancelled":
-        answer.update(state="failed", error={"code": refusal.code, "message": refusal.message})
+        code = STATUS_CODES.get(refusal.code, refusal.code)
+        answer.update(state="failed", error={"code": code, "message": refusal.message})
     # A settlement says when; any other ending happened by the call's deadline at the latest
     # (the scripts record no time for it), and by the moment it was seen.
     ended = int(status["te"]) if status.get("te") else min(now_ms, deadline)
@@ -186,7 +228,9 @@ async def durable_ending(
 def completion_row(
     saved: dict[str, Any], status: dict[str, Any], ending: Ending, status_of: StatusOf
 ) -> CompletionDraft:
-    """The call's one completion row: the saved draft, completed with the status's facts."""
+    """The call's one completion row: the saved draft, completed with the status's facts. A
+    synchronous call's (rw) row is written only when its process died: its answer, the one the
+    endpoint would have given, reached nobody."""
     refusal = ending.refusal
     admitted = status.get("ta")
     draft = CompletionDraft.restored(saved)
@@ -199,6 +243,8 @@ def completion_row(
         refusal,
         duration_ms=max(0, ending.ended_ms - int(status["t0"])),
     )
+    if status.get("rw") == 1:
+        draft.unanswered()
     return draft
 
 
@@ -224,7 +270,9 @@ async def row_write_once(
     if ending.quarantine and ending.refusal is not None:
         await in_db_thread(quarantine_row, row=saved, reason=ending.refusal.message)
     await completion_emit(row, queue.client)
-    await queue.row_done(worker_id=worker_id, entry_id=entry_id, ttl_ms=DURABLE_KEEP_MS)
+    # A synchronous call's "done" only has to outlive a claim that could still be under way.
+    keep_ms = lease_ms if status.get("rw") == 1 else DURABLE_KEEP_MS
+    await queue.row_done(worker_id=worker_id, entry_id=entry_id, ttl_ms=keep_ms)
     return "written"
 
 
@@ -370,6 +418,9 @@ class DurableSweeper:
                 await self.queue.row_forget(worker_id=worker_id, entry_id=entry_id)
             return 0
         status = json.loads(raw_status)
+        synchronous = status.get("rw") == 1
+        if synchronous and not self._over(status, now_ms):
+            return 0
         ending = await durable_ending(
             self.queue,
             request_id="",
@@ -377,8 +428,9 @@ class DurableSweeper:
             entry_id=entry_id,
             status=status,
             now_ms=now_ms,
+            draft_operation=str(json.loads(raw_row).get("operation", "")),
         )
-        if ending.live:
+        if ending.live or (synchronous and now_ms < ending.ended_ms + SYNC_ROW_GRACE_MS):
             return 0
         wrote = await row_write_once(
             self.queue,
@@ -390,6 +442,18 @@ class DurableSweeper:
             lease_ms=self.lease_ms,
         )
         return 1 if wrote == "written" else 0
+
+    @staticmethod
+    def _over(status: dict[str, Any], now_ms: int) -> bool:
+        """Whether a synchronous call may have ended SYNC_ROW_GRACE_MS ago: settled that long
+        ago, or its deadline (with the settlement's grace) that far behind. Most calls a sweep
+        finds are alive and well, and cost it nothing more than this look."""
+        if status.get("te"):
+            return now_ms >= int(status["te"]) + SYNC_ROW_GRACE_MS
+        # Otherwise the scripts record no time: its deadline bounds when it ended (a running
+        # call's settlement may come a little past it).
+        grace_ms = SETTLE_GRACE_MS if status["state"] == "admitted" else 0
+        return now_ms >= int(status["dl"]) + grace_ms + SYNC_ROW_GRACE_MS
 
 
 class SweeperThread(threading.Thread):

@@ -10,12 +10,14 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:{w:ID}:stats        HASH  counters (queue_full, settle_discarded)           (TTL 7 d)
     P adm:{w:ID}:env          HASH  entry id -> its Celery envelope, until the grant pushes it
     P adm:{w:ID}:wake:<entry> LIST  pushes to one waiting request: grant, result, offline ...
-    P adm:{w:ID}:ds:<entry>   STRING  a durable call's status (JSON)          (TTL >= 10 min)
-    P adm:{w:ID}:row:<entry>  STRING  a durable call's completion row draft, then "done"
-    P adm:{w:ID}:row:<entry>:req    STRING  that call's request (its result is checked against it)
+    P adm:{w:ID}:ds:<entry>   STRING  a durable call's status (JSON), or a synchronous one's
+                                    while its row draft waits                (TTL >= 10 min)
+    P adm:{w:ID}:row:<entry>  STRING  a call's completion row draft, then "done" (durable calls;
+                                    a synchronous call's until its process wrote the row)
+    P adm:{w:ID}:row:<entry>:req    STRING  a durable call's request (its result is checked against it)
     P adm:{w:ID}:row:<entry>:claim  STRING  who is writing that call's row now        (TTL 30 s)
-    P adm:durable             ZSET  "<worker id> <entry id>" by submission: durable calls whose
-                                    row is not written yet (admission/durable.py sweeps it; TTL 1 h)
+    P adm:durable             ZSET  "<worker id> <entry id>" by submission: calls whose row is
+                                    not written yet (admission/durable.py sweeps it; TTL 1 h)
     P adm:{w:ID}:wake:        shard channel: "<entry>" announced with each push (admission/waiters.py)
     P adm:{w:ID}:inst:<key>   STRING  the principal a conversation instance is bound to   (TTL 24 h)
     P adm:rid:{p:<principal>}:<request id>   STRING  "<worker id> <entry id>" or "done"
@@ -124,6 +126,15 @@ def offer_tokens(
     tokens += [f"ef:{f}" for f in sorted(edit_features)]
     tokens += [f"if:{p}" for p in sorted(instruction_files)]
     return OFFER_SEP + OFFER_SEP.join(tokens) + OFFER_SEP
+
+
+def row_cleanup(pipe: Any, *, prefix: str, worker_id: str, entry_id: str) -> None:
+    """Queue on `pipe` what ends a synchronous call's saved row draft once its own process has
+    written the row (AsyncQueue.enter saved it): the draft and status go, the call leaves the
+    index of calls owing a row."""
+    k = worker_keys(prefix, worker_id)
+    pipe.delete(k.row(entry_id), k.status(entry_id))
+    pipe.zrem(durable_index_key(prefix), f"{worker_id} {entry_id}")
 
 
 def revoked_key_prefix(prefix: str) -> str:
@@ -287,12 +298,17 @@ class AsyncQueue(_Scripts):
         durable: bool = False,
         incarnation: str = "",
         key_id: int | None = None,
+        row: str = "",
+        row_ttl_ms: int = 0,
         now_ms: int | None = None,
     ) -> Entered:
         """Enter a call. `needs` (offer tokens) makes every grant re-check the offer; `envelope`
         is the call's Celery message, pushed to the worker by whichever script grants it;
-        `key_id` (the caller's API key) makes every grant check the key was not revoked."""
+        `key_id` (the caller's API key) makes every grant check the key was not revoked; `row`
+        (a synchronous call's completion row draft) is saved, listed and given a status if the
+        call enters, in the same step (see `row_cleanup` for its end)."""
         k = self.keys(worker_id)
+        index = durable_index_key(self.prefix) if self.dispatching else ""
         raw = await self.scripts["enter"](
             keys=[k.reg, k.queue, k.entries, k.stats, *self.dispatch_keys(worker_id)],
             args=[
@@ -315,6 +331,12 @@ class AsyncQueue(_Scripts):
                 incarnation,
                 "" if key_id is None else str(key_id),
                 self.revoked_prefix,
+                row,
+                k.row(entry_id),
+                row_ttl_ms,
+                index,
+                f"{worker_id} {entry_id}",
+                DURABLE_INDEX_TTL_MS,
             ],
         )
         return parse_entered(raw)
@@ -554,6 +576,17 @@ class AsyncQueue(_Scripts):
             pipe.get(k.row(entry_id))
         got = await pipe.execute()
         return [(w, e, _opt(got[2 * i]), _opt(got[2 * i + 1])) for i, (w, e) in enumerate(pairs)]
+
+    async def settlement_of(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
+        """The worker's settlement of a synchronous call as pushed to its wake list (for
+        WAKE_TTL_MS), when nobody took it: the one message there of type "result"."""
+        pushed = await self.client.lrange(self.keys(worker_id).wake(entry_id), 0, -1)
+        for raw in reversed(pushed or []):
+            with contextlib.suppress(ValueError, TypeError):
+                message = json.loads(raw)
+                if isinstance(message, dict) and message.get("t", "result") == "result":
+                    return message
+        return None
 
     async def row_unlist(self, *, worker_id: str, entry_id: str) -> None:
         await self.client.zrem(durable_index_key(self.prefix), f"{worker_id} {entry_id}")

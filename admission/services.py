@@ -545,7 +545,15 @@ async def _admitted_call(
             ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
             submitted_ms=int(draft.started * 1000),
         )
+    row = ""
+    if not call.durable and queue.dispatching:
+        # The row's draft goes in with the call (the same script, no round trip of its own):
+        # if this process dies, the drainer's sweep writes the row from it once the call ends
+        # (admission/durable.py); if it lives, writing the row here removes it.
+        row = json.dumps(draft.row())
     while True:
+        if row:
+            draft.saved((call.worker_id, call.entry_id))
         # Signed against the incarnation the offer was read with: a call entering under another
         # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
         assignment = _assignment(call, target.incarnation_id, exec_ms, command_timeout)
@@ -573,9 +581,13 @@ async def _admitted_call(
             durable=call.durable,
             incarnation=target.incarnation_id,
             key_id=call.caller.key_id,
+            row=row,
+            row_ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
             now_ms=clock.scripts_ms(),
         )
         call.maybe_queued = False
+        if row and entered.status not in ("granted", "waiting"):
+            draft.saved(None)  # refused at the door: its row's write has nothing to remove
         if entered.status != "refused":
             break
         # Perhaps only this process's view of the worker was old (the caller cache): the next

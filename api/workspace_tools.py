@@ -3,7 +3,8 @@
 `WorkspaceToolsExecuteApi` validates, authenticates (one query for the key, the worker and its
 offer), and hands the call to `admission.services.call_execute`; every way the call can end is
 an `admission.refusals.Refusal` that `api/errors.py` turns into its answer. Each POST leaves
-exactly one completion row, written after its response has gone out.
+exactly one completion row, written after its response has gone out (or, should this process
+die first, by the drainer's sweep from the draft the call entered its queue with).
 """
 
 from __future__ import annotations

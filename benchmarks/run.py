@@ -21,6 +21,7 @@ BENCHMARKS = [
     ("edit plan: 100 edits that match nothing on a 3.6 MB file (issue 34)", "edit_plan.py", []),
     ("edge: one refusal from memory vs by the view, in process", "edge.py", []),
     ("admission scripts: settle and enter inside Redis by queue length", "scripts.py", []),
+    ("a synchronous call's row draft: enter + row round trip with and without", "row_draft.py", []),
     ("overload: the contract 2.8 burst (10x the queue, one principal)", "overload.py", []),
     ("HTTP floor: the same burst against an ASGI app that only answers 429", "http_floor.py", []),
 ]

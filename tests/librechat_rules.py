@@ -343,3 +343,36 @@ def edit_conflict_report(message: str) -> dict[str, Any] | None:
     if len(failures) + hidden != failed:
         return None
     return {"editCount": edit_count, "failures": failures, "hidden": hidden}
+
+
+# LibreChat's durable client (`packages/api/src/code/workspace.ts`, `executeWorkspaceTool`
+# with durable requests): a `failed` status is reported as a rejection with the status its code
+# stands for. A code outside this table is reported as 422 WORKSPACE_TOOL_REJECTED, which the
+# agent takes as final: the call "failed" for a reason it cannot act on.
+DURABLE_FAILED_STATUS = {
+    "WORKER_OFFLINE": 503,
+    "WORKSPACE_QUEUE_TIMEOUT": 503,
+    "WORKER_QUEUE_FULL": 429,
+    "ASSIGNMENT_EXPIRED": 504,
+    "SEARCH_TIMEOUT": 504,
+    "RESULT_INVALID": 502,
+    "WORKER_UNAUTHORIZED": 403,
+    "WRITE_DISABLED": 403,
+    "WRITE_LIMIT_EXCEEDED": 413,
+    "ASSIGNMENT_INVALID": 400,
+    "NOT_FOUND": 422,
+    "EXECUTION_ABORTED": 422,
+    "EDIT_CONFLICT": 409,
+    "FILE_EXISTS": 409,
+    "WORKSPACE_QUARANTINED": 409,
+}
+DURABLE_UNMAPPED = (422, "WORKSPACE_TOOL_REJECTED")
+
+
+def librechat_durable_failure(status: Mapping[str, Any]) -> tuple[int, str]:
+    """(status, code) LibreChat reports for a `failed` durable status."""
+    error = status.get("error")
+    code = error.get("code") if isinstance(error, Mapping) else None
+    if isinstance(code, str) and code in DURABLE_FAILED_STATUS:
+        return DURABLE_FAILED_STATUS[code], code
+    return DURABLE_UNMAPPED

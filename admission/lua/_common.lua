@@ -65,15 +65,20 @@ local function remove_entry(kq, ke, id)
   end
 end
 
--- A durable call's status (contract §2.7). Live states last until the entry's deadline plus
--- the terminal TTL; terminal ones STATUS_DONE_TTL_MS.
+-- A durable call's status (contract §2.7), and that of a synchronous call whose completion
+-- row draft waits in Redis (rw = 1: rw = 1 in the status too), from which the drainer's sweep
+-- writes the row if the call's API process died. Live states last until the entry's deadline
+-- plus the terminal TTL; terminal ones STATUS_DONE_TTL_MS. A synchronous call's status is
+-- only ever rewritten (XX) after entry: once its process wrote the row, it deleted the status,
+-- and a late step (the call's settlement after a 504) must not make it again.
 local function set_status(e, state, extra, now)
-  if e.du ~= 1 or D.ds == '' then
+  if (e.du ~= 1 and e.rw ~= 1) or D.ds == '' then
     return
   end
   local s = {state = state, dl = e.dl, seq = e.seq, t0 = e.t0}
   if e.slot ~= nil then s.slot = e.slot end
   if e.ta ~= nil then s.ta = e.ta end
+  if e.rw == 1 then s.rw = 1 end
   if extra then
     for k, v in pairs(extra) do s[k] = v end
   end
@@ -81,7 +86,11 @@ local function set_status(e, state, extra, now)
   if state == 'queued' or state == 'admitted' then
     ttl = e.dl - now + STATUS_DONE_TTL_MS
   end
-  redis.call('SET', D.ds .. e.id, cjson.encode(s), 'PX', ttl)
+  if e.du == 1 or state == 'queued' then
+    redis.call('SET', D.ds .. e.id, cjson.encode(s), 'PX', ttl)
+  else
+    redis.call('SET', D.ds .. e.id, cjson.encode(s), 'PX', ttl, 'XX')
+  end
 end
 
 local function fail_status(e, code, now)

@@ -15,7 +15,11 @@
 --       caller saw an older incarnation enters under that one, so the grant refuses it
 --       (WORKER_OFFLINE, not started) instead of dispatching what the worker would drop,
 --       18 the caller's API key id ('' = none), 19 revoked-key marker prefix ('' = unchecked;
---       see setup() in _common.lua)
+--       see setup() in _common.lua), 20 a synchronous call's completion row draft ('' = none),
+--       21 its key, 22 its TTL ms, 23 the index of calls owing a row ('' = not listed: a
+--       cluster, where it lives in another slot), 24 the call's member there, 25 its TTL ms.
+--       A call with a draft keeps a status as a durable one does (rw = 1), and the draft is
+--       saved only if it entered: whatever the call does next, the sweep finds both.
 -- Returns: {'offline'} | {'full', held} | {'refused', code} |
 --          {'granted', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched} |
 --          {'waiting', ticket, incarnation, now_ms, queue_deadline_ms}
@@ -51,6 +55,9 @@ end
 if ARGV[18] ~= nil and ARGV[18] ~= '' then
   e.kid = ARGV[18]
 end
+if ARGV[20] ~= nil and ARGV[20] ~= '' then
+  e.rw = 1
+end
 entries[#entries + 1] = e
 redis.call('ZADD', kq, seq, e.id)
 redis.call('HSET', ke, e.id, cjson.encode(e))
@@ -62,6 +69,13 @@ grant(entries, now, slots, ke, ARGV[9], e.id)
 refresh_ttl(kq, ke, entries, now)
 if e.refused then
   return {'refused', e.refused}
+end
+if e.rw == 1 then
+  redis.call('SET', ARGV[21], ARGV[20], 'PX', tonumber(ARGV[22]))
+  if ARGV[23] ~= '' then
+    redis.call('ZADD', ARGV[23], now, ARGV[24])
+    redis.call('PEXPIRE', ARGV[23], tonumber(ARGV[25]))
+  end
 end
 if e.st == 'r' then
   return {'granted', seq, e.slot, inc, e.ta, e.dl, e.dp or 0}

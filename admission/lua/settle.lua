@@ -27,8 +27,9 @@ if x == nil or x.st ~= 'r' or x.inc ~= ARGV[3] or tostring(x.seq) ~= ARGV[4] or 
 end
 remove_entry(kq, ke, ARGV[2])
 push_wake(ARGV[6], ARGV[2], ARGV[5], WAKE_TTL_MS)
--- The API reads the payload (signature, result rules) when it answers the status.
-set_status(x, 'settled', {payload = ARGV[5], te = now}, now)
+-- The API reads the payload (signature, result rules) when it answers the status. A
+-- synchronous call's status does without it (its waiter reads the wake list).
+set_status(x, 'settled', x.du == 1 and {payload = ARGV[5], te = now} or {te = now}, now)
 local entries = load_entries(kq, ke, now, ARGV[6])
 grant(entries, now, slot_count(kreg, ''), ke, ARGV[6], '')
 refresh_ttl(kq, ke, entries, now)

@@ -85,7 +85,8 @@ DurableStatus = component(
         result={"type": "object", "description": "The §2.2 result (completed)."},
         error=exact(
             ["code", "message"],
-            "failed: the code the synchronous endpoint would have answered.",
+            "failed: the code the synchronous endpoint would have answered, except a revoked "
+            "key (WORKER_UNAUTHORIZED) and a stopping service (WORKER_OFFLINE): docs/api.md.",
             code={"type": "string"},
             message={"type": "string"},
         ),

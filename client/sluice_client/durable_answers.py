@@ -38,6 +38,9 @@ _SERVICE_STATUS: dict[str, int] = {
     "INVALID_REQUEST_ID": 400,
     "INVALID_REQUEST": 400,
     "UNAUTHENTICATED": 401,
+    # A durable call's key was revoked while it waited (its status says so in a code
+    # LibreChat's durable client maps).
+    "WORKER_UNAUTHORIZED": 403,
     "WORKER_NOT_FOUND": 404,
     "WORKER_MISMATCH": 409,
     "WORKSPACE_QUARANTINED": 409,

@@ -38,6 +38,7 @@ REJECTION_ADVICE: dict[str, str] = {
         "specific edits"
     ),
     "UNAUTHENTICATED": "check the API key",
+    "WORKER_UNAUTHORIZED": "the API key was revoked while the call waited: check the API key",
     "WORKER_NOT_FOUND": "check the worker id",
     "WORKER_MISMATCH": (
         "the worker does not offer this operation for this workspace: pick another worker "

@@ -40,6 +40,7 @@ _NOT_STARTED: dict[tuple[int, str], RetryKind | None] = {
     (503, "COMMAND_UNAVAILABLE"): None,
     (503, "EDIT_NOT_STARTED"): None,
     (401, "UNAUTHENTICATED"): None,
+    (403, "WORKER_UNAUTHORIZED"): None,
     (404, "WORKER_NOT_FOUND"): None,
     (409, "WORKER_MISMATCH"): None,
     (409, "WORKSPACE_QUARANTINED"): None,

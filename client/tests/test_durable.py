@@ -293,6 +293,8 @@ FAILURES = [
     (409, "WORKER_MISMATCH", True),
     (409, "WORKSPACE_QUARANTINED", True),
     (401, "UNAUTHENTICATED", True),
+    # A durable call's key revoked while it waited: its status's code (admission/durable.py).
+    (403, "WORKER_UNAUTHORIZED", True),
     (504, "ASSIGNMENT_EXPIRED", False),
     (502, "RESULT_INVALID", False),
     (422, "NOT_FOUND", False),

@@ -8,7 +8,8 @@ drainer that dies are taken over by another after CLAIM_IDLE_MS. Stops on SIGTER
 after landing what it has read.
 
 Beside it, every SWEEP_PERIOD_S, a sweep writes the row of every durable call that ended
-without one (admission/durable.py): its accepting process died and nobody read its status.
+without one (admission/durable.py): its accepting process died and nobody read its status;
+and that of every synchronous call whose process died before it could write the row.
 Any number of drainers may sweep; a claim in Redis lets exactly one write each row. The
 command lives in the API app because a row records the HTTP status the synchronous endpoint
 would have answered, and that table is the API edge's (api/errors.py).
