@@ -9,19 +9,23 @@ the worker had registered again."""
 from __future__ import annotations
 
 import inspect
+import logging
+import re
 import threading
 import time
 from typing import Any
 
+import pytest
 import redis
-from celery import bootsteps
+from celery import Celery, bootsteps
 from celery.worker.consumer.consumer import Consumer
-from livesupport import wait_until
+from kombu.exceptions import OperationalError
+from livesupport import free_port, wait_until
 
 from admission.queue import SyncQueue
 from workspaces.management.commands.runworker import Command
 from workspaces.runtime import state as worker_state
-from workspaces.runtime.consuming import Consuming
+from workspaces.runtime.consuming import RECONNECT_SCHEDULE_S, Consuming, QuickReconnect
 
 
 class _LostOnce:
@@ -145,3 +149,26 @@ def test_an_assignment_for_the_incarnation_being_registered_waits_for_it(
     assert not judged.is_alive()
     # Judged under inc2: not stale; dropped only because this test granted it nothing.
     assert state.dropped["stale"] == 0 and state.dropped["expired"] == 1
+
+
+def test_the_consumer_retries_the_broker_every_few_seconds_not_kombus_30(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Celery's own reconnection, on a real broker URL where nothing listens, with the worker's
+    consumer class: the waits between tries follow RECONNECT_SCHEDULE_S (kombu's own would be
+    2 and 4 s here, growing to 30). Pins the call QuickReconnect adds its schedule to."""
+    assert "conn.ensure_connection(" in inspect.getsource(Consumer.ensure_connected)
+    app = Celery(set_as_current=False)
+    app.conf.broker_connection_max_retries = 2
+    # Only what ensure_connected reads of a consumer: a whole one needs a running worker.
+    consumer = object.__new__(QuickReconnect)
+    consumer.app = app
+    consumer.first_connection_attempt = False
+    consumer.broker_connection_retry_attempt = 0
+    conn = app.connection_for_read(f"redis://127.0.0.1:{free_port()}/0")
+    with caplog.at_level(logging.ERROR), pytest.raises(OperationalError):
+        consumer.ensure_connected(conn)
+    waits = re.findall(r"Trying again in ([0-9.]+) seconds?", caplog.text)
+    start, step = RECONNECT_SCHEDULE_S["interval_start"], RECONNECT_SCHEDULE_S["interval_step"]
+    assert [float(w) for w in waits] == [start, start + step]
+    assert RECONNECT_SCHEDULE_S["interval_max"] <= 2.0
