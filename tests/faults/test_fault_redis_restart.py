@@ -441,12 +441,17 @@ def test_every_worker_serves_again_by_itself_after_redis_restarts_empty(
         f"\n{'/'.join(fleet['mode'])}: Redis back -> first served call per worker (s): "
         + ", ".join(f"{w:.2f}" for w in waited)
     )
+    api: ApiServer = fleet["api"]
     for load in loads:
         assert not load.errors, load.errors[:5]
         # Typed JSON whenever it came: never a 500, never HTML.
         for a in load.answers:
             assert a.content_type == "application/json", a
-            assert a.status == 200 or (a.status, a.code) in TYPED_FAILURES, a
+            assert a.status == 200 or (a.status, a.code) in TYPED_FAILURES, (
+                round(a.sent - back, 3),
+                a,
+                [line for line in api.process.lines if '"ERROR"' in line][-3:],
+            )
     for worker in fleet["workers"]:
         assert worker.process is not None and worker.process.alive()
         worker.process.wait_for("registered again", timeout_s=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
+import signal
 import threading
 import time
 from typing import Any
@@ -26,6 +27,7 @@ from admission.queue import SyncQueue
 from workspaces.management.commands.runworker import Command
 from workspaces.runtime import state as worker_state
 from workspaces.runtime.consuming import RECONNECT_SCHEDULE_S, Consuming, QuickReconnect
+from workspaces.runtime.control import RegistrationUnanswered
 
 
 class _LostOnce:
@@ -84,6 +86,61 @@ def test_a_lost_registration_is_renewed_only_once_the_consumer_reads_the_queue(
         stop.set()
         beat.join(timeout=5)
     assert not beat.is_alive()
+
+
+def test_a_lost_worker_keeps_telling_the_api_while_its_consumer_is_away(
+    sync_redis: redis.Redis, redis_prefix: str, settings: Any
+) -> None:
+    """Each "lost" answer sets the worker's Redis user up again (admission/registration.py),
+    the user its consumer logs in as: asked once only, a failed restore would leave the
+    consumer locked out for good."""
+    settings.WORKER_HEARTBEAT_S = 0.01
+    state = _state(sync_redis, redis_prefix)
+    control, stop, beat = _beating(state)
+    try:
+        wait_until(lambda: control.beats >= 5)
+        assert control.registered == []
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+
+
+class _UnansweredOnce(_LostOnce):
+    """The first registration finds the API unable to answer (Redis away again)."""
+
+    def register(self, **kw: Any) -> dict[str, Any]:
+        self.registered.append(time.monotonic())
+        if len(self.registered) == 1:
+            raise RegistrationUnanswered("the API did not accept the registration; giving up")
+        return {"incarnationId": "inc2", "slots": 1, "queue": "q"}
+
+    def heartbeat(self, incarnation: str) -> bool | str | None:
+        self.beats += 1
+        return True if incarnation == "inc2" else "lost"
+
+
+def test_a_registration_the_api_cannot_answer_is_tried_again_without_stopping_the_worker(
+    sync_redis: redis.Redis, redis_prefix: str, settings: Any
+) -> None:
+    settings.WORKER_HEARTBEAT_S = 0.01
+    state = _state(sync_redis, redis_prefix)
+    state.consuming.set()
+    terms: list[int] = []
+    # The loop stops its own process with SIGTERM when it gives up: recorded here instead.
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: terms.append(signum))
+    control, stop = _UnansweredOnce(), threading.Event()
+    beat = threading.Thread(
+        target=Command()._heartbeat, args=(control, state, stop, list, 1), daemon=True
+    )
+    beat.start()
+    try:
+        wait_until(lambda: state.incarnation == "inc2")
+        assert len(control.registered) == 2 and terms == []
+        assert state.registered.is_set()
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_worker_stopping_while_its_consumer_is_away_does_not_register_again(
