@@ -12,7 +12,8 @@ saw the user, a new cluster node) without holding the password.
 Scripts: the worker runs `settle.lua` by SHA. It may not load scripts (`SCRIPT LOAD` would let
 it run any Lua it likes), so the server loads the scripts the worker calls whenever it sets
 the user up, on every node. A Redis that restarts empty loses both; the worker's next
-heartbeat finds its registration gone, it registers again, and that restores them.
+heartbeat finds its registration gone, and that answer restores them (admission/registration.py),
+so its Celery consumer can log in again before it registers again.
 """
 
 from __future__ import annotations

@@ -1,21 +1,26 @@
 """Worker lifecycle on the server: registration, heartbeats, deregistration.
 
 Postgres keeps what a worker offers; Redis (admission/queue.py) keeps its live incarnation.
+While Redis is unreachable each of them refuses ADMISSION_UNAVAILABLE (the worker retries).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
+from redis.exceptions import RedisError
 
+from admission import refusals
 from admission.connections import sync_queue
-from admission.credentials import worker_credentials_restore
+from admission.credentials import RedisAclUnavailable, worker_credentials_restore
 from admission.policy import current_policy
 from admission.services import workspace_offer_tokens
 from workspaces.dispatch import worker_queue_name
@@ -59,6 +64,16 @@ def _ttl_ms() -> int:
     return settings.WORKER_OFFLINE_AFTER_S * 1000
 
 
+@contextmanager
+def _redis_answers() -> Iterator[None]:
+    """Redis away (or refusing the worker's user) is a typed refusal the worker retries."""
+    try:
+        yield
+    except (RedisError, RedisAclUnavailable) as exc:
+        log.warning("worker route: Redis unavailable", extra={"error": str(exc)})
+        raise refusals.admission_unavailable() from None
+
+
 def worker_register(
     *,
     worker: Worker,
@@ -71,7 +86,8 @@ def worker_register(
     previous = worker.incarnation_id
     # The worker's ACL user and the scripts it may call are set up before it is told to
     # connect: after a Redis restart both are gone, and this is the first thing it asks for.
-    worker_credentials_restore(worker=worker)
+    with _redis_answers():
+        worker_credentials_restore(worker=worker)
     negotiated = min(slots, current_policy().max_lease_slots)
     now = timezone.now()
     with transaction.atomic():
@@ -108,13 +124,14 @@ def worker_register(
         )
         for w in workspaces
     }
-    waiting, running = sync_queue().register_incarnation(
-        worker_id=worker.worker_id,
-        incarnation=incarnation,
-        slots=slots,
-        ttl_ms=_ttl_ms(),
-        offer=offer,
-    )
+    with _redis_answers():
+        waiting, running = sync_queue().register_incarnation(
+            worker_id=worker.worker_id,
+            incarnation=incarnation,
+            slots=slots,
+            ttl_ms=_ttl_ms(),
+            offer=offer,
+        )
     worker_event_announce(
         kind="restarted" if previous else "registered",
         worker_id=worker.worker_id,
@@ -134,10 +151,16 @@ def worker_register(
 
 def worker_heartbeat(*, worker: Worker, incarnation: str) -> str:
     """'alive'; 'replaced' (another incarnation registered: stop); or 'lost' (the registration
-    expired or Redis restarted empty, and nobody replaced it: register again)."""
-    renewed = sync_queue().heartbeat(
-        worker_id=worker.worker_id, incarnation=incarnation, ttl_ms=_ttl_ms()
-    )
+    expired or Redis restarted empty, and nobody replaced it: register again).
+
+    A lost registration also gets the worker's Redis user set up again: after a Redis restart
+    without its data the user is gone, and the worker registers again only once its Celery
+    consumer, which logs in as that user, reads its queue (workspaces/runtime/consuming.py).
+    """
+    with _redis_answers():
+        renewed = sync_queue().heartbeat(
+            worker_id=worker.worker_id, incarnation=incarnation, ttl_ms=_ttl_ms()
+        )
     if renewed == 0:
         return "replaced"
     if renewed < 0:
@@ -146,6 +169,8 @@ def worker_heartbeat(*, worker: Worker, incarnation: str) -> str:
         )
         if current != incarnation:
             return "replaced"
+        with _redis_answers():
+            worker_credentials_restore(worker=worker)
         # Its registration expired (or Redis restarted empty): the sampler may not have seen it.
         worker_event_announce(
             kind="expired",
@@ -161,7 +186,8 @@ def worker_heartbeat(*, worker: Worker, incarnation: str) -> str:
 
 
 def worker_deregister(*, worker: Worker, incarnation: str) -> int:
-    told = sync_queue().deregister(worker_id=worker.worker_id, incarnation=incarnation)
+    with _redis_answers():
+        told = sync_queue().deregister(worker_id=worker.worker_id, incarnation=incarnation)
     if Worker.objects.filter(pk=worker.pk, incarnation_id=incarnation).update(incarnation_id=""):
         worker_event_announce(
             kind="deregistered",

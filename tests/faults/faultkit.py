@@ -32,15 +32,21 @@ def redis_binary() -> str:
 
 
 class ThrowawayRedis:
-    def __init__(self) -> None:
+    """`password`: the default user needs it, as on `make run`'s embedded Redis
+    (scripts/devprocs.py); every start keeps it, as a restart from the same config would."""
+
+    def __init__(self, password: str | None = None) -> None:
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ThrowawayRedis:
         self.proc = subprocess.Popen(
             [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--daemonize", "no"],
+             "--save", "", "--appendonly", "no", "--daemonize", "no",
+             *(["--requirepass", self.password] if self.password else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 10

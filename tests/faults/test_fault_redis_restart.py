@@ -17,6 +17,7 @@ Covered elsewhere, not repeated here:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections import Counter
@@ -316,3 +317,141 @@ def test_a_waiter_survives_a_broken_wake_up_connection_and_nothing_stays_stuck(
         loop.close()
     after = post(api, stack["headers"], READ, **{"X-LibreChat-Workspace-Queue-Wait-Ms": "1000"})
     assert after.status_code == 200, after.text
+
+
+# ---------------------------------------------------------------------------------------
+# Restarted empty, in both ACL modes: every worker serves again by itself.
+
+# (ACL mode, Redis): per-worker ACL users (the default) or the shared user; an external Redis
+# whose default user has no password, or one that needs it, as `make run`'s embedded Redis does.
+MODES = [("per-worker", "external"), ("per-worker", "embedded"), ("shared", "embedded")]
+WORKERS = 2
+# Each worker must serve a call again within this long of Redis answering again.
+BACK_WITHIN_S = 30.0
+
+
+@pytest.fixture(params=MODES, ids=["-".join(m) for m in MODES])
+def fleet(
+    request: pytest.FixtureRequest,
+    live_env: dict[str, str],
+    transactional_db: None,
+    settings: Any,
+    tmp_path: Path,
+) -> Iterator[dict[str, Any]]:
+    """An API and WORKERS real workers (each its own tenant) on a throwaway Redis. With
+    per-worker users each worker gets its ACL user as the product issues it (bootstrap) and
+    connects with nothing else."""
+    from admission.management.commands.bootstrap import bootstrap
+    from admission.policy import policy_update
+
+    acl, kind = request.param
+    policy_update({"WORKSPACE_TOOLS_RATE_LIMIT": "1000000/30s"})
+    server = ThrowawayRedis(password=uuid.uuid4().hex if kind == "embedded" else None).start()
+    acl_on = acl == "per-worker"
+    # Credentials are issued by this process, on the throwaway Redis, under the API's prefix.
+    settings.REDIS_URL = settings.CELERY_BROKER_URL = settings.ADMISSION_REDIS_URL = server.url
+    settings.SLUICE_WORKER_REDIS_ACL = acl_on
+    env = live_env | {
+        "REDIS_URL": server.url,
+        "ADMISSION_REDIS_URL": server.url,
+        "CELERY_BROKER_URL": server.url,
+        "SLUICE_WORKER_REDIS_ACL": "on" if acl_on else "off",
+    }
+    api: ApiServer | None = None
+    workers: list[Worker] = []
+    try:
+        api = start_api(env)
+        loads = []
+        for n in range(WORKERS):
+            account = bootstrap(
+                tenant=f"fleet-{uuid.uuid4().hex[:8]}",
+                user="owner",
+                worker_id=f"fleet{n}-{uuid.uuid4().hex[:8]}",
+            )
+            own = account.get("redis_url", server.url)
+            assert acl_on == (own != server.url)
+            worker_env = env | {
+                "REDIS_URL": own,
+                "CELERY_BROKER_URL": own,
+                "ADMISSION_REDIS_URL": account.get("admission_redis_url", server.url),
+            }
+            workers.append(
+                Worker(
+                    worker_id=account["worker_id"],
+                    token=account["worker_token"],
+                    workspaces={"a": git_workspace(tmp_path / f"w{n}" / "a")},
+                    api_url=api.url,
+                    env=worker_env,
+                    slots=2,
+                ).start()
+            )
+            headers = {
+                "Authorization": f"Bearer {account['api_key']}",
+                "X-LibreChat-Code-Worker-ID": account["worker_id"],
+            }
+            loads.append(
+                Load(api.url, headers, "a", str(tmp_path / f"w{n}" / "markers"), threads=2)
+            )
+        yield {
+            "redis": server,
+            "api": api,
+            "workers": workers,
+            "loads": loads,
+            "mode": request.param,
+        }
+    finally:
+        for worker in workers:
+            worker.kill()
+        if api is not None:
+            api.process.stop()
+        server.kill()
+
+
+def test_every_worker_serves_again_by_itself_after_redis_restarts_empty(
+    fleet: dict[str, Any],
+) -> None:
+    server: ThrowawayRedis = fleet["redis"]
+    loads: list[Load] = fleet["loads"]
+    for load in loads:
+        load.start()
+    try:
+        wait_until(lambda: all(any(a.status == 200 for a in load.answers) for load in loads), 30)
+        server.kill()
+        time.sleep(DOWN_S)
+        server.start()  # same port, empty: registrations, scripts and ACL users are gone
+        back = time.monotonic()
+
+        def first_served(load: Load) -> float | None:
+            served = [a.sent + a.took for a in load.between(back, float("inf")) if a.status == 200]
+            return min(served) - back if served else None
+
+        # Within BACK_WITHIN_S of Redis answering again, for every worker.
+        waited = [
+            wait_until(
+                functools.partial(first_served, load),
+                timeout_s=BACK_WITHIN_S - (time.monotonic() - back),
+                interval_s=0.1,
+            )
+            for load in loads
+        ]
+    finally:
+        for load in loads:
+            load.stop()
+    print(
+        f"\n{'/'.join(fleet['mode'])}: Redis back -> first served call per worker (s): "
+        + ", ".join(f"{w:.2f}" for w in waited)
+    )
+    api: ApiServer = fleet["api"]
+    for load in loads:
+        assert not load.errors, load.errors[:5]
+        # Typed JSON whenever it came: never a 500, never HTML.
+        for a in load.answers:
+            assert a.content_type == "application/json", a
+            assert a.status == 200 or (a.status, a.code) in TYPED_FAILURES, (
+                round(a.sent - back, 3),
+                a,
+                [line for line in api.process.lines if '"ERROR"' in line][-3:],
+            )
+    for worker in fleet["workers"]:
+        assert worker.process is not None and worker.process.alive()
+        worker.process.wait_for("registered again", timeout_s=1)

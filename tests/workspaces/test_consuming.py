@@ -9,19 +9,25 @@ the worker had registered again."""
 from __future__ import annotations
 
 import inspect
+import logging
+import re
+import signal
 import threading
 import time
 from typing import Any
 
+import pytest
 import redis
-from celery import bootsteps
+from celery import Celery, bootsteps
 from celery.worker.consumer.consumer import Consumer
-from livesupport import wait_until
+from kombu.exceptions import OperationalError
+from livesupport import free_port, wait_until
 
 from admission.queue import SyncQueue
 from workspaces.management.commands.runworker import Command
 from workspaces.runtime import state as worker_state
-from workspaces.runtime.consuming import Consuming
+from workspaces.runtime.consuming import RECONNECT_SCHEDULE_S, Consuming, QuickReconnect
+from workspaces.runtime.control import RegistrationUnanswered
 
 
 class _LostOnce:
@@ -80,6 +86,61 @@ def test_a_lost_registration_is_renewed_only_once_the_consumer_reads_the_queue(
         stop.set()
         beat.join(timeout=5)
     assert not beat.is_alive()
+
+
+def test_a_lost_worker_keeps_telling_the_api_while_its_consumer_is_away(
+    sync_redis: redis.Redis, redis_prefix: str, settings: Any
+) -> None:
+    """Each "lost" answer sets the worker's Redis user up again (admission/registration.py),
+    the user its consumer logs in as: asked once only, a failed restore would leave the
+    consumer locked out for good."""
+    settings.WORKER_HEARTBEAT_S = 0.01
+    state = _state(sync_redis, redis_prefix)
+    control, stop, beat = _beating(state)
+    try:
+        wait_until(lambda: control.beats >= 5)
+        assert control.registered == []
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+
+
+class _UnansweredOnce(_LostOnce):
+    """The first registration finds the API unable to answer (Redis away again)."""
+
+    def register(self, **kw: Any) -> dict[str, Any]:
+        self.registered.append(time.monotonic())
+        if len(self.registered) == 1:
+            raise RegistrationUnanswered("the API did not accept the registration; giving up")
+        return {"incarnationId": "inc2", "slots": 1, "queue": "q"}
+
+    def heartbeat(self, incarnation: str) -> bool | str | None:
+        self.beats += 1
+        return True if incarnation == "inc2" else "lost"
+
+
+def test_a_registration_the_api_cannot_answer_is_tried_again_without_stopping_the_worker(
+    sync_redis: redis.Redis, redis_prefix: str, settings: Any
+) -> None:
+    settings.WORKER_HEARTBEAT_S = 0.01
+    state = _state(sync_redis, redis_prefix)
+    state.consuming.set()
+    terms: list[int] = []
+    # The loop stops its own process with SIGTERM when it gives up: recorded here instead.
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: terms.append(signum))
+    control, stop = _UnansweredOnce(), threading.Event()
+    beat = threading.Thread(
+        target=Command()._heartbeat, args=(control, state, stop, list, 1), daemon=True
+    )
+    beat.start()
+    try:
+        wait_until(lambda: state.incarnation == "inc2")
+        assert len(control.registered) == 2 and terms == []
+        assert state.registered.is_set()
+    finally:
+        stop.set()
+        beat.join(timeout=5)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_a_worker_stopping_while_its_consumer_is_away_does_not_register_again(
@@ -145,3 +206,26 @@ def test_an_assignment_for_the_incarnation_being_registered_waits_for_it(
     assert not judged.is_alive()
     # Judged under inc2: not stale; dropped only because this test granted it nothing.
     assert state.dropped["stale"] == 0 and state.dropped["expired"] == 1
+
+
+def test_the_consumer_retries_the_broker_every_few_seconds_not_kombus_30(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Celery's own reconnection, on a real broker URL where nothing listens, with the worker's
+    consumer class: the waits between tries follow RECONNECT_SCHEDULE_S (kombu's own would be
+    2 and 4 s here, growing to 30). Pins the call QuickReconnect adds its schedule to."""
+    assert "conn.ensure_connection(" in inspect.getsource(Consumer.ensure_connected)
+    app = Celery(set_as_current=False)
+    app.conf.broker_connection_max_retries = 2
+    # Only what ensure_connected reads of a consumer: a whole one needs a running worker.
+    consumer = object.__new__(QuickReconnect)
+    consumer.app = app
+    consumer.first_connection_attempt = False
+    consumer.broker_connection_retry_attempt = 0
+    conn = app.connection_for_read(f"redis://127.0.0.1:{free_port()}/0")
+    with caplog.at_level(logging.ERROR), pytest.raises(OperationalError):
+        consumer.ensure_connected(conn)
+    waits = re.findall(r"Trying again in ([0-9.]+) seconds?", caplog.text)
+    start, step = RECONNECT_SCHEDULE_S["interval_start"], RECONNECT_SCHEDULE_S["interval_step"]
+    assert [float(w) for w in waits] == [start, start + step]
+    assert RECONNECT_SCHEDULE_S["interval_max"] <= 2.0

@@ -81,6 +81,10 @@ class RegistrationRefused(RuntimeError):
     pass
 
 
+class RegistrationUnanswered(RegistrationRefused):
+    """Every attempt found the API unreachable or unable to answer (5xx): worth trying later."""
+
+
 class ControlPlane:
     def __init__(
         self,
@@ -129,7 +133,7 @@ class ControlPlane:
                     f"registration refused ({response.status_code}): {response.text[:300]}"
                 )
             time.sleep(min(0.2 * (attempt + 1), 2.0))
-        raise RegistrationRefused("the API did not accept the registration; giving up")
+        raise RegistrationUnanswered("the API did not accept the registration; giving up")
 
     def heartbeat(self, incarnation: str) -> bool | str | None:
         """True: alive. False: replaced by another incarnation. "revoked": the token is no

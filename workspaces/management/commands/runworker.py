@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -27,11 +28,12 @@ from workspaces.runtime.config import (
     registration_workspaces,
     without_network,
 )
-from workspaces.runtime.consuming import Consuming
+from workspaces.runtime.consuming import Consuming, QuickReconnect
 from workspaces.runtime.control import (
     ControlPlane,
     PairingRefused,
     RegistrationRefused,
+    RegistrationUnanswered,
     redeem_pairing,
 )
 from workspaces.runtime.credfile import default_path, resolve_credentials, save_pairing
@@ -305,6 +307,7 @@ class Command(BaseCommand):
             concurrency=slots,
             pool="threads",
             hostname=f"{queue}@%h",
+            consumer_cls=QuickReconnect,
             loglevel="WARNING",
             without_heartbeat=True,
             without_mingle=True,
@@ -313,6 +316,16 @@ class Command(BaseCommand):
             quiet=True,
         )
         worker.start()
+
+    @staticmethod
+    def _consumer_back(state: worker_state.WorkerState, stop: threading.Event) -> bool:
+        """Whether Celery's consumer reads the queue, waited for up to one heartbeat period
+        (less if the worker stops)."""
+        deadline = time.monotonic() + settings.WORKER_HEARTBEAT_S
+        while not state.consuming.wait(CONSUMER_WAIT_S):
+            if stop.is_set() or time.monotonic() >= deadline:
+                return False
+        return True
 
     def _heartbeat(
         self,
@@ -324,6 +337,15 @@ class Command(BaseCommand):
     ) -> None:
         while not stop.wait(settings.WORKER_HEARTBEAT_S):
             alive = control.heartbeat(state.incarnation)
+            # A lost registration is renewed only once Celery's consumer reads the queue
+            # (runtime/consuming.py). The API's "lost" answer also set this worker's Redis user
+            # up again (a Redis restarted empty has none, and the consumer logs in as it); the
+            # worker asks again every heartbeat period until the consumer is back, in case
+            # that failed.
+            while alive == "lost" and not self._consumer_back(state, stop):
+                if stop.is_set():
+                    return
+                alive = control.heartbeat(state.incarnation)
             if alive == "revoked":
                 # handle() says why in one line once Celery has stopped.
                 self.revoked = True
@@ -334,16 +356,17 @@ class Command(BaseCommand):
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
             if alive == "lost":
-                # The registration expired or Redis restarted empty: come back as a new
-                # incarnation. Assignments for the old one are dropped as stale from now on.
-                # Only once Celery's consumer reads the queue again (runtime/consuming.py).
-                while not state.consuming.wait(CONSUMER_WAIT_S):
-                    if stop.is_set():
-                        return
+                # The registration expired or Redis restarted empty, and the consumer reads the
+                # queue: come back as a new incarnation. Assignments for the old one are
+                # dropped as stale from now on.
                 state.registered.clear()
                 try:
                     answer = control.register(workspaces=offered(), slots=slots, attempts=3)
                     state.reincarnate(answer["incarnationId"])
+                except RegistrationUnanswered:
+                    # Redis or the API is away again: the next heartbeat is told "lost" again.
+                    log.warning("registration lost; the API did not answer, trying again later")
+                    continue
                 except RegistrationRefused:
                     log.error("registration lost and refused again; shutting down")
                     os.kill(os.getpid(), signal.SIGTERM)
