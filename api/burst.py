@@ -392,6 +392,21 @@ def overloaded_at_edge(scope: dict[str, Any]) -> Answer | None:
     return answer
 
 
+def refused_at_edge(scope: dict[str, Any], refusal: refusals.Refusal) -> Answer:
+    """The answer of a request the edge refuses before any view runs (its body too slow or
+    too large, a bridge route over its rate), made as the execute view makes a refusal; an
+    execute POST gets its row, naming what its headers say."""
+    answer = Answer.of(rendered_refusal(refusal))
+    if gated(scope):
+        draft = CompletionDraft()
+        headers = _edge_headers(scope)
+        if headers is not None:
+            describe_headers(headers, draft)
+        draft.answered(answer.status, refusal)
+        emit_row(draft)
+    return answer
+
+
 @functools.cache
 def _overloaded_answer() -> Answer:
     return Answer.of(rendered_refusal(refusals.service_overloaded()))
