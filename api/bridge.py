@@ -43,6 +43,11 @@ def _policy(text: str) -> RatePolicy:
     return RatePolicy.parse(text)
 
 
+# A limit that does not parse stops the process as it loads the routes, not a request later.
+_policy(settings.SLUICE_BRIDGE_RATE_LIMIT)
+_policy(settings.SLUICE_BRIDGE_REDEEM_RATE_LIMIT)
+
+
 async def bridge_rate_refusal(*, path: str, token: str, client: str) -> refusals.Refusal | None:
     """Takes one unit of the request's bridge budget, before its body is read or its key
     looked up (config/asgi.py): redeem's per client address (its caller has no key yet),

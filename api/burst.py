@@ -7,7 +7,7 @@ tenant's calls waited behind it. The edge (config/asgi.py) now reads an execute 
 from the ASGI scope and its body (`read_at_edge`), and sends it through two things before
 Django makes a request of it:
 
-* **The gate.** Of one credential's calls (one Authorization header), at most
+* **The gate.** Of one credential's calls (one bearer key, as authentication reads it), at most
   `SLUICE_ADMITTING_PER_KEY` are on their way into admission at once; the others wait their
   turn in arrival order, which costs a future, not CPU. A call leaves the gate once it is in its
   worker's queue, granted or waiting (`Call.on_entered`), or once it is answered: so a waiting
@@ -83,7 +83,6 @@ from api.workspace_tools import (
     Holding,
     Passing,
     ReadCall,
-    declared_too_large,
     describe_headers,
     emit_row,
     read_parts,
@@ -382,7 +381,7 @@ def overloaded_at_edge(scope: dict[str, Any]) -> Answer | None:
     if shutdown.stopping():
         return None  # a stopping process answers SHUTTING_DOWN first
     headers = _edge_headers(scope)
-    if headers is None or declared_too_large(headers):
+    if headers is None:
         return None
     answer = _overloaded_answer()
     draft = CompletionDraft()

@@ -216,7 +216,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 # gets 503 SERVICE_OVERLOADED with Retry-After (contract §2.8), before its body is read.
 SLUICE_MAX_CALLS_IN_FLIGHT = env_int("SLUICE_MAX_CALLS_IN_FLIGHT", 1000, low=1, high=100_000)
 # Of those, what one credential (one API key, however its Authorization header spells it)
-# may hold: one principal's burst fills its share and is refused the same way, while every other caller still finds room.
+# may hold: one principal's burst fills its share and is refused the same way, while every
+# other caller still finds room.
 SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY = env_int(
     "SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY",
     max(1, SLUICE_MAX_CALLS_IN_FLIGHT // 2),
