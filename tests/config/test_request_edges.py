@@ -10,14 +10,16 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.conf import settings as project_settings
-from livesupport import PYTHON, Process, free_port
+from livesupport import PYTHON, Process, ensure_drainer, free_port, wait_until
 
 import config.server
+from admission.models import CompletionLog
 from api.errors import ANSWERS
 
 HEADER_TIMEOUT_S = 1.0
@@ -43,7 +45,9 @@ def edge_server(live_env: dict[str, str]) -> Iterator[tuple[str, int]]:
 
 @pytest.fixture(scope="module")
 def deadline_server(live_env: dict[str, str]) -> Iterator[tuple[str, int]]:
-    """A server whose bodies have a short deadline, and whose keys hold one call each."""
+    """A server whose bodies have a short deadline, and whose keys hold one call each (with
+    the drainer that lands its rows)."""
+    ensure_drainer(live_env)
     yield from _serve(
         live_env
         | {
@@ -435,7 +439,15 @@ def test_a_body_slower_than_its_deadline_gets_408_and_frees_its_place(
     deadline_server: tuple[str, int], account_factory: Any
 ) -> None:
     owner = account_factory()
-    slow = _hold(deadline_server, owner.api_key)
+    request_id = uuid.uuid4().hex
+    slow = _connect(deadline_server)
+    slow.sendall(
+        _head(
+            owner.api_key,
+            f"Content-Length: 100\r\nX-LibreChat-Workspace-Request-Id: {request_id}\r\n",
+        )
+        + b"{"
+    )
     # The slow call holds the key's one place while its body does not come...
     status, _, body = _overloaded_soon(deadline_server, owner.api_key)
     assert (status, body["code"]) == (503, "SERVICE_OVERLOADED")
@@ -447,6 +459,14 @@ def test_a_body_slower_than_its_deadline_gets_408_and_frees_its_place(
     _closed_within(slow, 5)
     status, _, body = _answer(deadline_server, owner.api_key)
     assert (status, body["code"]) == (400, "INVALID_WORKSPACE_TOOL_REQUEST")
+    # Like every execute POST, it has its row.
+    rows = wait_until(
+        lambda: list(
+            CompletionLog.objects.filter(request_id=request_id).values_list("http_status", "code")
+        ),
+        timeout_s=20,
+    )
+    assert rows == [(408, "REQUEST_BODY_TIMEOUT")]
 
 
 def test_a_trickling_body_on_another_route_gets_408(deadline_server: tuple[str, int]) -> None:
