@@ -301,6 +301,9 @@ def test_one_credentials_burst_fills_only_its_share_of_the_calls_in_flight(
 
 def test_the_default_header_deadline_is_10_s() -> None:
     assert config.server.REQUEST_HEADER_TIMEOUT_S == 10.0
+    # And the other bounds docs/api.md names.
+    assert config.server.MAX_HEADER_BYTES == 64 * 1024
+    assert project_settings.SLUICE_REQUEST_BODY_TIMEOUT_S == 30
     assert set(config.server.protocol_hooks()) == {
         "connection_made",
         "data_received",
