@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema
+from redis.exceptions import RedisError
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -13,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 from sluice_protocol import ProtocolError, validate_worker_id
 
+from admission import refusals
 from admission.bridge import (
     CODE_PATTERN,
     PROTOCOL_VERSION,
@@ -21,11 +25,59 @@ from admission.bridge import (
     worker_revoke,
     worker_status,
 )
+from admission.connections import async_queue
+from admission.ratelimit import RateLimiter, RatePolicy
 from api.errors import invalid
 from api.schema.answers import WORKER_ID, operation
 from api.schema.bridge import BridgePairing, BridgeRedeemed, BridgeRevoked, BridgeWorkerStatus
 from api.workers import StrictCharField, StrictIntegerField, StrictSerializer
 from workspaces.access import Caller
+from workspaces.secrets import hash_secret
+
+BRIDGE_PREFIX = "/v1/bridge/"
+REDEEM_PATH = "/v1/bridge/pairings/redeem"
+
+
+@functools.cache
+def _policy(text: str) -> RatePolicy:
+    return RatePolicy.parse(text)
+
+
+# A limit that does not parse stops the process as it loads the routes, not a request later.
+_policy(settings.SLUICE_BRIDGE_RATE_LIMIT)
+_policy(settings.SLUICE_BRIDGE_REDEEM_RATE_LIMIT)
+
+
+async def bridge_rate_refusal(*, path: str, token: str, client: str) -> refusals.Refusal | None:
+    """Takes one unit of the request's bridge budget, before its body is read or its key
+    looked up (config/asgi.py): redeem's per client address (its caller has no key yet),
+    the other routes' per key, or per address for a request without a well-formed key. The
+    same Redis limiter as the workspace API's, so every API process shares one budget."""
+    if path == REDEEM_PATH or not token:
+        policy = _policy(
+            settings.SLUICE_BRIDGE_REDEEM_RATE_LIMIT
+            if path == REDEEM_PATH
+            else settings.SLUICE_BRIDGE_RATE_LIMIT
+        )
+        principal = f"bridge-addr:{'redeem' if path == REDEEM_PATH else 'key'}:{client}"
+    else:
+        policy = _policy(settings.SLUICE_BRIDGE_RATE_LIMIT)
+        principal = f"bridge-key:{hash_secret(token)}"
+    queue = async_queue()
+    try:
+        decision = await RateLimiter(queue.client, prefix=queue.prefix).take(
+            principal_key=principal, policy=policy
+        )
+    except RedisError:
+        return refusals.admission_unavailable()
+    if decision.allowed:
+        return None
+    return refusals.Refusal(
+        "BRIDGE_RATE_LIMITED",
+        f"Too many bridge requests; retry in {decision.retry_after_s} seconds.",
+        retry_after_s=decision.retry_after_s,
+    )
+
 
 # LibreChat's CodeBridgePrincipalType.
 BINDING_PRINCIPAL_TYPES = ("deployment", "tenant", "user", "role", "group")
@@ -63,7 +115,14 @@ def _caller(request: Request) -> Caller:
 
 
 # What every bridge route with an API key refuses.
-_BRIDGE_CODES = ["UNAUTHENTICATED", "ADMISSION_UNAVAILABLE", "DATABASE_UNAVAILABLE"]
+_BRIDGE_CODES = [
+    "UNAUTHENTICATED",
+    "BRIDGE_RATE_LIMITED",
+    "ADMISSION_UNAVAILABLE",
+    "DATABASE_UNAVAILABLE",
+]
+# What a bridge route with a body refuses besides, before the view reads it (config/asgi.py).
+_BODY_CODES = ["REQUEST_TOO_LARGE", "REQUEST_BODY_TIMEOUT"]
 _BY_WORKER_CODES = [*_BRIDGE_CODES, "INVALID_WORKER_ID", "WORKER_NOT_FOUND"]
 
 
@@ -75,6 +134,7 @@ class BridgePairingCreateApi(APIView):
             ok=(200, BridgePairing),
             codes=[
                 *_BRIDGE_CODES,
+                *_BODY_CODES,
                 "INVALID_WORKER_ID",
                 "INVALID_REQUEST",
                 "UNSUPPORTED_MEDIA_TYPE",
@@ -113,6 +173,8 @@ class BridgePairingRedeemApi(APIView):
                 "WORKER_ID_TAKEN",
                 "PAIRING_CODE_EXPIRED",
                 "UNSUPPORTED_MEDIA_TYPE",
+                "BRIDGE_RATE_LIMITED",
+                *_BODY_CODES,
                 "ADMISSION_UNAVAILABLE",
                 "DATABASE_UNAVAILABLE",
             ],

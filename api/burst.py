@@ -7,7 +7,7 @@ tenant's calls waited behind it. The edge (config/asgi.py) now reads an execute 
 from the ASGI scope and its body (`read_at_edge`), and sends it through two things before
 Django makes a request of it:
 
-* **The gate.** Of one credential's calls (one Authorization header), at most
+* **The gate.** Of one credential's calls (one bearer key, as authentication reads it), at most
   `SLUICE_ADMITTING_PER_KEY` are on their way into admission at once; the others wait their
   turn in arrival order, which costs a future, not CPU. A call leaves the gate once it is in its
   worker's queue, granted or waiting (`Call.on_entered`), or once it is answered: so a waiting
@@ -83,7 +83,6 @@ from api.workspace_tools import (
     Holding,
     Passing,
     ReadCall,
-    declared_too_large,
     describe_headers,
     emit_row,
     read_parts,
@@ -382,13 +381,28 @@ def overloaded_at_edge(scope: dict[str, Any]) -> Answer | None:
     if shutdown.stopping():
         return None  # a stopping process answers SHUTTING_DOWN first
     headers = _edge_headers(scope)
-    if headers is None or declared_too_large(headers):
+    if headers is None:
         return None
     answer = _overloaded_answer()
     draft = CompletionDraft()
     describe_headers(headers, draft)
     draft.answered(answer.status, refusals.service_overloaded())
     emit_row(draft)
+    return answer
+
+
+def refused_at_edge(scope: dict[str, Any], refusal: refusals.Refusal) -> Answer:
+    """The answer of a request the edge refuses before any view runs (its body too slow or
+    too large, a bridge route over its rate), made as the execute view makes a refusal; an
+    execute POST gets its row, naming what its headers say."""
+    answer = Answer.of(rendered_refusal(refusal))
+    if gated(scope):
+        draft = CompletionDraft()
+        headers = _edge_headers(scope)
+        if headers is not None:
+            describe_headers(headers, draft)
+        draft.answered(answer.status, refusal)
+        emit_row(draft)
     return answer
 
 

@@ -60,12 +60,21 @@ ANSWERS: dict[str, Answer] = {
     "WORKER_REGISTRATION_LOST": Answer(410, "the registration is gone; register again"),
     "PAIRING_CODE_EXPIRED": Answer(410, "the pairing code is past its expiry"),
     "REQUEST_TOO_LARGE": Answer(413, "body over the limit"),
+    "REQUEST_BODY_TIMEOUT": Answer(
+        408, "the body did not arrive whole within SLUICE_REQUEST_BODY_TIMEOUT_S"
+    ),
     "UNSUPPORTED_MEDIA_TYPE": Answer(415, "body is not application/json"),
     "WORKER_QUEUE_FULL": Answer(429, "the worker's queue is full"),
     "RATE_LIMITED": Answer(
         429, "principal over its rate (§3: the RateLimited body)", retry_after=True
     ),
     "THROTTLED": Answer(429, "a DRF throttle refused the call", retry_after=True),
+    "BRIDGE_RATE_LIMITED": Answer(
+        429, "the key (redeem: the client address) over its bridge rate", retry_after=True
+    ),
+    "REQUEST_HEADERS_TOO_LARGE": Answer(
+        431, "the request line and headers pass SLUICE_MAX_HEADER_BYTES"
+    ),
     "INTERNAL_ERROR": Answer(500, "an unforeseen error", started="unknown"),
     "RESULT_INVALID": Answer(502, "the worker's answer broke §2.2", started="unknown"),
     "WORKSPACE_QUEUE_TIMEOUT": Answer(
@@ -136,6 +145,17 @@ def unauthenticated() -> Refusal:
     return Refusal("UNAUTHENTICATED", "A valid API key is required (Authorization: Bearer <key>).")
 
 
+def body_timeout() -> Refusal:
+    return Refusal(
+        "REQUEST_BODY_TIMEOUT",
+        "The request body did not arrive in time; the operation was not started.",
+    )
+
+
+def too_large() -> Refusal:
+    return Refusal("REQUEST_TOO_LARGE", "The request body is too large.")
+
+
 def method_not_allowed(allowed: str) -> Refusal:
     return Refusal("METHOD_NOT_ALLOWED", f"Use {allowed}.", headers={"Allow": allowed})
 
@@ -180,7 +200,19 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return None
     response: Response = handled
     code = next((c for kind, c in _DRF_CODES.items() if isinstance(exc, kind)), "INVALID_REQUEST")
-    detail = getattr(exc, "detail", str(exc))
-    response.data = {"error": detail if isinstance(detail, str) else str(detail), "code": code}
+    response.data = {"error": plain_text(getattr(exc, "detail", str(exc))), "code": code}
     response.status_code = STATUS[code]
     return response
+
+
+def plain_text(detail: Any, field: str = "") -> str:
+    """A DRF error detail (a string, or lists and dicts of them by field) as one line of
+    text: `field: message` for each, never the repr of DRF's ErrorDetail objects."""
+    if isinstance(detail, dict):
+        return "; ".join(
+            plain_text(value, f"{field}.{key}" if field else str(key))
+            for key, value in detail.items()
+        )
+    if isinstance(detail, list | tuple):
+        return "; ".join(plain_text(value, field) for value in detail)
+    return f"{field}: {detail}" if field and field != "non_field_errors" else str(detail)

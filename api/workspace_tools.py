@@ -59,6 +59,7 @@ from api.errors import (
     refusal_body,
     refusal_headers,
     status_of,
+    too_large,
     unauthenticated,
 )
 from api.headers import API_HEADERS
@@ -246,7 +247,7 @@ def _json_body(content_type: str, body: Callable[[], bytes]) -> Any:
         # stream would take a body without Content-Length for an empty one).
         raw = body()
     except RequestDataTooBig:
-        raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.") from None
+        raise too_large() from None
     try:
         if not raw:
             raise exceptions.ParseError()
@@ -325,7 +326,9 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         if shutdown.stopping():
             raise refusals.shutting_down()
         if declared_too_large(request._request.headers):
-            raise Refusal("REQUEST_TOO_LARGE", "The request body is too large.")
+            # Left unread, and said only after authentication: 401 comes first (docs/api.md).
+            self.invalid = too_large()
+            return
         read = edge or read_call(request._request, self.draft)
         self.parsed, self.invalid = read.parsed, read.invalid
 

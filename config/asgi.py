@@ -14,6 +14,8 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.urls import set_script_prefix
 
+from admission.refusals import Refusal
+
 if TYPE_CHECKING:
     from api.burst import Arrival
     from api.workspace_tools import ReadCall
@@ -46,6 +48,30 @@ class SluiceAsgiHandler(ASGIHandler):
         else:
             await super().__call__(scope, receive, send)
 
+    async def handle(self, scope: ASGIScope, receive: Any, send: Any) -> None:
+        """Every route but the workspace API's (bridge, workers, admin, dashboard): the bridge's
+        rate limit before anything is read, then the body read here, bounded in size and time,
+        before Django (which would spool any body whole to a temporary file, however slowly it
+        came) gets it."""
+        from api import burst
+        from api.bridge import BRIDGE_PREFIX, bridge_rate_refusal
+
+        body: io.BytesIO | Refusal | None = None
+        if scope.get("path", "").startswith(BRIDGE_PREFIX):
+            body = await bridge_rate_refusal(
+                path=scope["path"], token=_credential(scope), client=_client_address(scope)
+            )
+        if body is None:
+            try:
+                body = await _read_bounded(scope, receive)
+            except RequestAborted:
+                return
+        if isinstance(body, Refusal):
+            # Its body is left unread: the connection ends with the answer.
+            await burst.refused_at_edge(scope, body).send(_closing(send))
+            return
+        await super().handle(scope, _replaying(body.getvalue(), receive), send)
+
     async def _lifespan(self, receive: Any, send: Any) -> None:
         """ASGI lifespan (Django itself has none): once the server runs, SIGTERM and SIGINT
         first wake this process's waiting calls (admission/shutdown.py)."""
@@ -66,11 +92,12 @@ class SluiceAsgiHandler(ASGIHandler):
                 return
 
     async def _handle_api(self, scope: ASGIScope, receive: Any, send: Any) -> None:
-        """Counts the request in flight for the process and for its credential (the raw
-        Authorization header: known before anything is read or looked up). Past either cap it
-        is answered 503 SERVICE_OVERLOADED: one credential's burst fills only its own share."""
+        """Counts the request in flight for the process and for its credential (the bearer key
+        as authentication reads it, however the header spells it: known before anything is
+        read or looked up). Past either cap it is answered 503 SERVICE_OVERLOADED: one
+        credential's burst fills only its own share."""
         global _in_flight
-        credential = _authorization(scope)
+        credential = _credential(scope).encode("latin-1")
         held = _in_flight_by_key.get(credential, 0)
         if (
             _in_flight >= settings.SLUICE_MAX_CALLS_IN_FLIGHT
@@ -103,6 +130,12 @@ class SluiceAsgiHandler(ASGIHandler):
             body_file, read_whole = await self._body_if_worth_it(
                 scope, receive, credential, overloaded=overloaded
             )
+            if isinstance(body_file, Refusal):
+                # Too slow: answered here, its row written, and its place freed at once.
+                from api import burst
+
+                await burst.refused_at_edge(scope, body_file).send(_closing(send))
+                return
         except RequestAborted:
             # Gone before its body was read; a POST to execute still leaves its row.
             from api.workspace_tools import execute_abandoned
@@ -212,58 +245,104 @@ class SluiceAsgiHandler(ASGIHandler):
 
     async def _body_if_worth_it(
         self, scope: ASGIScope, receive: Any, credential: bytes, *, overloaded: bool
-    ) -> tuple[io.BytesIO, bool]:
-        """(the body, or an empty one when it is not to be read; whether it was read whole)."""
+    ) -> tuple[io.BytesIO | Refusal, bool]:
+        """(the body, or an empty one when it is not to be read, or the refusal of a body too
+        slow; whether it was read whole). Authentication comes first: an unauthenticated
+        request is answered 401 whatever length it declares (docs/api.md)."""
         if overloaded or scope.get("method") not in BODY_METHODS:
             return io.BytesIO(), scope.get("method") not in BODY_METHODS
-        headers = dict(scope.get("headers") or [])
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        try:
-            declared = int(headers.get(b"content-length", b"-1"))
-        except ValueError:
-            declared = -1
-        if declared > limit:
-            return io.BytesIO(), False  # the view answers 413 from the header
         if not await _authenticated(credential):
             return io.BytesIO(), False  # the view answers 401
-        body = io.BytesIO()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise RequestAborted()
-            body.write(message.get("body", b""))
-            if body.tell() > limit:
-                # Refused while it streams in (chunked or not): what was received already
-                # passes the limit, and the view answers 413 from that count.
-                _declare_length(scope, body.tell())
-                return io.BytesIO(), False
-            if not message.get("more_body", False):
-                body.seek(0)
-                return body, True
+        if _declared_length(scope) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            return io.BytesIO(), False  # the view answers 413 from the header
+        body = await _read_bounded(scope, receive)
+        if isinstance(body, io.BytesIO):
+            return body, True
+        if body.code == "REQUEST_TOO_LARGE":
+            # Refused while it streams in (chunked or not): what was received already passes
+            # the limit, and the view answers 413 from that count.
+            _declare_length(scope, settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+            return io.BytesIO(), False
+        return body, False
 
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _in_flight = 0
-# Requests in flight per Authorization header; a credential's entry goes with its last one.
+# Requests in flight per bearer key (b"": none well-formed); a key's entry goes with its last one.
 _in_flight_by_key: dict[bytes, int] = {}
 
 
-def _authorization(scope: ASGIScope) -> bytes:
+def _credential(scope: ASGIScope) -> str:
+    """The bearer key of the Authorization header as authentication reads it (so `Bearer  K`
+    and `bearer K` are one key), or "" when there is no well-formed one."""
+    from workspaces.auth import bearer_token
+
     for name, value in scope.get("headers") or ():
         if name == b"authorization":
-            return bytes(value)
-    return b""
+            return bearer_token(bytes(value)) or ""
+    return ""
 
 
-async def _authenticated(authorization: bytes) -> bool:
+def _client_address(scope: ASGIScope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def _declared_length(scope: ASGIScope) -> int:
+    for name, value in scope.get("headers") or ():
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return -1
+    return -1
+
+
+async def _read_bounded(scope: ASGIScope, receive: Any) -> io.BytesIO | Refusal:
+    """The body, read whole within the body deadline and up to the body limit; otherwise the
+    refusal, made as soon as it is certain (413 REQUEST_TOO_LARGE from the declared length
+    or as the body passes the limit, 408 REQUEST_BODY_TIMEOUT at the deadline). Raises
+    RequestAborted when the client goes away first."""
+    from api.errors import body_timeout, too_large
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if _declared_length(scope) > limit:
+        return too_large()
+    body = io.BytesIO()
+    try:
+        async with asyncio.timeout(settings.SLUICE_REQUEST_BODY_TIMEOUT_S):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise RequestAborted()
+                body.write(message.get("body", b""))
+                if body.tell() > limit:
+                    return too_large()
+                if not message.get("more_body", False):
+                    body.seek(0)
+                    return body
+    except TimeoutError:
+        return body_timeout()
+
+
+def _replaying(body: bytes, receive: Any) -> Any:
+    """A receive that gives Django the body already read, then the connection's own messages."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Any:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+async def _authenticated(credential: bytes) -> bool:
     """Whether the bearer key names a caller (cached for a second: admission.callers). A
     database outage reads as yes: the view then answers its typed 503 as before."""
     from django.db import DatabaseError, InterfaceError
 
     from admission.callers import cached_caller
-    from workspaces.auth import bearer_token
 
-    token = bearer_token(authorization.decode("latin-1"))
+    token = credential.decode("latin-1")
     if not token:
         return False
     try:

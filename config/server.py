@@ -6,13 +6,17 @@ response went out, and any byte (a slowly dribbled header) disarms that timer; a
 that opens and never completes a request was held forever (18,500 of them exhausted this
 process's file descriptors). Here every connection must complete its next request's headers
 within `REQUEST_HEADER_TIMEOUT_S` of opening or of its last response, and a connection beyond
-`MAX_CONNECTIONS` is closed as it opens. Use: `uvicorn --http config.server:SluiceHttpProtocol`.
+`MAX_CONNECTIONS` is closed as it opens. A request line and headers past `MAX_HEADER_BYTES` are
+answered 431 REQUEST_HEADERS_TOO_LARGE as they arrive: httptools has no such limit and holds
+a header value whole (and copies it as it grows) until it ends.
+Use: `uvicorn --http config.server:SluiceHttpProtocol`.
 `tests/config/test_server_protocol.py` pins the uvicorn hooks this leans on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from typing import Any
 
@@ -20,10 +24,42 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 REQUEST_HEADER_TIMEOUT_S = float(os.environ.get("SLUICE_REQUEST_HEADER_TIMEOUT_S", "10"))
 MAX_CONNECTIONS = int(os.environ.get("SLUICE_MAX_CONNECTIONS", "4096"))
+MAX_HEADER_BYTES = int(os.environ.get("SLUICE_MAX_HEADER_BYTES", str(64 * 1024)))
+
+# Built here, not by api/errors.py: uvicorn imports this module before Django is set up. The
+# code is the one api/errors.py's table lists (a test checks they agree).
+HEADERS_TOO_LARGE_CODE = "REQUEST_HEADERS_TOO_LARGE"
+_HEADERS_TOO_LARGE_BODY = json.dumps(
+    {"error": "The request's headers are too large.", "code": HEADERS_TOO_LARGE_CODE}
+).encode()
+HEADERS_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: application/json\r\n"
+    b"content-length: " + str(len(_HEADERS_TOO_LARGE_BODY)).encode() + b"\r\n"
+    b"connection: close\r\n\r\n" + _HEADERS_TOO_LARGE_BODY
+)
 
 
 class SluiceHttpProtocol(HttpToolsProtocol):
     _header_deadline: asyncio.TimerHandle | None = None
+    # Whether the bytes arriving belong to a request's line and headers (from the connection's
+    # start or the last request's end, to its headers' end), and how many have so far. A
+    # chunk that holds a header's end and body bytes counts whole: the bound is one read
+    # beyond MAX_HEADER_BYTES, not exact.
+    _in_headers = True
+    _header_bytes = 0
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_headers:
+            self._header_bytes += len(data)
+        super().data_received(data)
+        if (
+            self._in_headers
+            and self._header_bytes > MAX_HEADER_BYTES
+            and not self.transport.is_closing()
+        ):
+            self.transport.write(HEADERS_TOO_LARGE)
+            self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -34,7 +70,12 @@ class SluiceHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._in_headers, self._header_bytes = False, 0
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_headers = True
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -64,5 +105,11 @@ def protocol_hooks() -> dict[str, Any]:
     """The uvicorn methods overridden above (the tripwire test checks they still exist)."""
     return {
         name: getattr(HttpToolsProtocol, name)
-        for name in ("connection_made", "on_headers_complete", "on_response_complete")
+        for name in (
+            "connection_made",
+            "data_received",
+            "on_headers_complete",
+            "on_message_complete",
+            "on_response_complete",
+        )
     }

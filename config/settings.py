@@ -216,14 +216,23 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
 # Workspace API requests one API process carries at once, waiting calls included; the next
 # gets 503 SERVICE_OVERLOADED with Retry-After (contract §2.8), before its body is read.
 SLUICE_MAX_CALLS_IN_FLIGHT = env_int("SLUICE_MAX_CALLS_IN_FLIGHT", 1000, low=1, high=100_000)
-# Of those, what one credential (one Authorization header) may hold: one principal's burst
-# fills its share and is refused the same way, while every other caller still finds room.
+# Of those, what one credential (one API key, however its Authorization header spells it)
+# may hold: one principal's burst fills its share and is refused the same way, while every
+# other caller still finds room.
 SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY = env_int(
     "SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY",
     max(1, SLUICE_MAX_CALLS_IN_FLIGHT // 2),
     low=1,
     high=100_000,
 )
+# A request's body must have arrived whole this long after its headers, on every route; a
+# slower one is refused 408 REQUEST_BODY_TIMEOUT and its place is freed (contract §2.8).
+SLUICE_REQUEST_BODY_TIMEOUT_S = env_int("SLUICE_REQUEST_BODY_TIMEOUT_S", 30, low=1, high=3_600)
+# The bridge routes' rate limits (docs/rate-limits.md): per API key (a request without a
+# well-formed key: per client address), and for redeem, whose caller holds no key yet, per
+# client address. Over them: 429 BRIDGE_RATE_LIMITED with Retry-After, before the body is read.
+SLUICE_BRIDGE_RATE_LIMIT = env_str("SLUICE_BRIDGE_RATE_LIMIT", "120/1m")
+SLUICE_BRIDGE_REDEEM_RATE_LIMIT = env_str("SLUICE_BRIDGE_REDEEM_RATE_LIMIT", "20/1m")
 # Of one credential's calls, how many may be on their way into admission at once (from the
 # edge until they are in their worker's queue or answered); the others wait their turn in
 # arrival order, at no cost: one credential's burst takes this much of the event loop, not all

@@ -53,8 +53,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 # Fixtures that start real API processes (uvicorn) or workers (runworker): a test using one is
 # end-to-end, whatever its module says. (The last two are module fixtures of their own: the
-# edge server of tests/config/test_request_edges.py, the stack of the Postgres-outage test.)
-LIVE_FIXTURES = frozenset({"api_servers", "api", "worker_factory", "edge_server", "outage_stack"})
+# edge servers of tests/config/test_request_edges.py, the stack of the Postgres-outage test.)
+LIVE_FIXTURES = frozenset(
+    {"api_servers", "api", "worker_factory", "edge_server", "deadline_server", "outage_stack"}
+)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,6 +1,8 @@
 """The API's edge under abuse, on a real uvicorn process with raw sockets (contract §2.8):
 authentication before any body is read, the size limit enforced while a body streams in,
-idle and slow-header connections closed, and a per-process cap on calls in flight."""
+idle and slow-header connections closed, a per-process cap on calls in flight, a share of it
+per key however the key is spelled, a deadline for every body, a bound on headers, and the
+bridge routes' rate limit."""
 
 from __future__ import annotations
 
@@ -8,28 +10,55 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.conf import settings as project_settings
-from livesupport import PYTHON, Process, free_port
+from livesupport import PYTHON, Process, ensure_drainer, free_port, wait_until
 
 import config.server
+from admission.models import CompletionLog
+from api.errors import ANSWERS
 
 HEADER_TIMEOUT_S = 1.0
 CAP = 4
 PER_KEY = 2
+BODY_TIMEOUT_S = 2
+BRIDGE_LIMIT = 5
 
 
 @pytest.fixture(scope="module")
 def edge_server(live_env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    yield from _serve(
+        live_env
+        | {
+            "SLUICE_REQUEST_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+            "SLUICE_MAX_CALLS_IN_FLIGHT": str(CAP),
+            "SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY": str(PER_KEY),
+            "SLUICE_BRIDGE_RATE_LIMIT": f"{BRIDGE_LIMIT}/1m",
+            "SLUICE_BRIDGE_REDEEM_RATE_LIMIT": f"{BRIDGE_LIMIT}/1m",
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def deadline_server(live_env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A server whose bodies have a short deadline, and whose keys hold one call each (with
+    the drainer that lands its rows)."""
+    ensure_drainer(live_env)
+    yield from _serve(
+        live_env
+        | {
+            "SLUICE_REQUEST_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+            "SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY": "1",
+        }
+    )
+
+
+def _serve(env: dict[str, str]) -> Iterator[tuple[str, int]]:
     port = free_port()
-    env = live_env | {
-        "SLUICE_REQUEST_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
-        "SLUICE_MAX_CALLS_IN_FLIGHT": str(CAP),
-        "SLUICE_MAX_CALLS_IN_FLIGHT_PER_KEY": str(PER_KEY),
-    }
     proc = Process(
         [PYTHON, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
          "--port", str(port), "--http", "config.server:SluiceHttpProtocol",
@@ -49,15 +78,23 @@ def edge_server(live_env: dict[str, str]) -> Iterator[tuple[str, int]]:
     proc.stop()
 
 
-def _connect(server: tuple[str, int]) -> socket.socket:
-    sock = socket.create_connection(server, timeout=10)
-    return sock
+def _connect(server: tuple[str, int], source: str = "127.0.0.1") -> socket.socket:
+    """A connection from `source`, any loopback address: each is a client address of its own
+    (the redeem route's rate limit is per client address)."""
+    return socket.create_connection(server, timeout=10, source_address=(source, 0))
 
 
-def _head(key: str, extra: str = "") -> bytes:
+def _head(
+    key: str,
+    extra: str = "",
+    *,
+    path: str = "/v1/workspace-tools/execute",
+    method: str = "POST",
+    scheme: str = "Bearer ",
+) -> bytes:
     return (
-        "POST /v1/workspace-tools/execute HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n{extra}\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: {scheme}{key}\r\nContent-Type: application/json\r\n{extra}\r\n"
     ).encode()
 
 
@@ -198,27 +235,32 @@ def test_a_connection_dribbling_its_headers_is_closed(edge_server: tuple[str, in
     assert time.monotonic() - started < HEADER_TIMEOUT_S + 5
 
 
-def _hold(server: tuple[str, int], key: str) -> socket.socket:
-    """An authenticated call whose body never ends: it stays in flight until closed."""
+def _hold(server: tuple[str, int], key: str, scheme: str = "Bearer ") -> socket.socket:
+    """An authenticated call whose body never ends: it stays in flight until closed (or
+    until its body deadline)."""
     sock = _connect(server)
-    sock.sendall(_head(key, "Content-Length: 100\r\n") + b"{")
+    sock.sendall(_head(key, "Content-Length: 100\r\n", scheme=scheme) + b"{")
     return sock
 
 
-def _answer(server: tuple[str, int], key: str) -> tuple[int, dict[str, str], dict[str, Any]]:
+def _answer(
+    server: tuple[str, int], key: str, scheme: str = "Bearer "
+) -> tuple[int, dict[str, str], dict[str, Any]]:
     sock = _connect(server)
-    sock.sendall(_head(key, "Content-Length: 2\r\n") + b"{}")
+    sock.sendall(_head(key, "Content-Length: 2\r\n", scheme=scheme) + b"{}")
     try:
         return _read_response(sock)
     finally:
         sock.close()
 
 
-def _overloaded_soon(server: tuple[str, int], key: str) -> tuple[int, dict[str, str], Any]:
+def _overloaded_soon(
+    server: tuple[str, int], key: str, scheme: str = "Bearer "
+) -> tuple[int, dict[str, str], Any]:
     """The held calls count once the server has read their headers: ask until it says so."""
     deadline = time.monotonic() + 10
     while True:
-        status, headers, body = _answer(server, key)
+        status, headers, body = _answer(server, key, scheme)
         if status == 503 or time.monotonic() > deadline:
             return status, headers, body
 
@@ -259,8 +301,182 @@ def test_one_credentials_burst_fills_only_its_share_of_the_calls_in_flight(
 
 def test_the_default_header_deadline_is_10_s() -> None:
     assert config.server.REQUEST_HEADER_TIMEOUT_S == 10.0
+    # And the other bounds docs/api.md names.
+    assert config.server.MAX_HEADER_BYTES == 64 * 1024
+    assert project_settings.SLUICE_REQUEST_BODY_TIMEOUT_S == 30
     assert set(config.server.protocol_hooks()) == {
         "connection_made",
+        "data_received",
         "on_headers_complete",
+        "on_message_complete",
         "on_response_complete",
     }
+
+
+def test_two_spellings_of_one_key_share_one_share(
+    edge_server: tuple[str, int], account_factory: Any
+) -> None:
+    burst = account_factory()
+    held = [_hold(edge_server, burst.api_key) for _ in range(PER_KEY)]
+    # The same key, spelled as authentication still reads it: no share of its own.
+    for scheme in ("Bearer  ", "bearer "):
+        status, _, body = _overloaded_soon(edge_server, burst.api_key, scheme)
+        assert (status, body["code"]) == (503, "SERVICE_OVERLOADED")
+    for sock in held:
+        sock.close()
+
+
+def test_an_unauthenticated_execute_declaring_a_huge_body_gets_401_first(
+    edge_server: tuple[str, int],
+) -> None:
+    sock = _connect(edge_server)
+    sock.sendall(_head("not-a-key", f"Content-Length: {2 * 1024**3}\r\n"))
+    status, _, body = _read_response(sock)
+    assert (status, body["code"]) == (401, "UNAUTHENTICATED")
+
+
+def test_a_header_past_the_limit_gets_431_as_it_arrives(edge_server: tuple[str, int]) -> None:
+    sock = _connect(edge_server)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+    sent = 0
+
+    def feed() -> None:
+        nonlocal sent
+        try:
+            while sent < 48 * 1024 * 1024:
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        except OSError:
+            return
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    status, headers, body = _read_response(sock)
+    assert (status, body["code"]) == (431, config.server.HEADERS_TOO_LARGE_CODE)
+    assert ANSWERS[config.server.HEADERS_TOO_LARGE_CODE].status == 431
+    assert headers["connection"] == "close"
+    _closed_within(sock, 5)
+    feeder.join(10)
+    assert sent < 16 * 1024 * 1024
+
+
+def test_an_unauthenticated_body_to_redeem_is_refused_while_it_streams(
+    edge_server: tuple[str, int],
+) -> None:
+    sock = _connect(edge_server, "127.0.3.1")
+    sock.sendall(_head("", "Transfer-Encoding: chunked\r\n", path="/v1/bridge/pairings/redeem"))
+    feeder = _Feeder(sock)
+    feeder.start()
+    status, headers, body = _read_response(sock)
+    assert (status, body["code"]) == (413, "REQUEST_TOO_LARGE")
+    assert headers["connection"] == "close"
+    _closed_within(sock, 5)
+    feeder.join(10)
+    # Refused at the limit, not read (or written to a temporary file) to its end.
+    assert feeder.sent < project_settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 16 * 1024 * 1024
+    # A declared length past the limit is refused before any of it is read.
+    sock = _connect(edge_server, "127.0.3.1")
+    sock.sendall(
+        _head("", f"Content-Length: {200 * 1024**2}\r\n", path="/v1/bridge/pairings/redeem")
+    )
+    status, _, body = _read_response(sock)
+    assert (status, body["code"]) == (413, "REQUEST_TOO_LARGE")
+
+
+def _post(
+    server: tuple[str, int], path: str, body: bytes, *, key: str = "", source: str
+) -> tuple[int, dict[str, str], Any]:
+    sock = _connect(server, source)
+    sock.sendall(_head(key, f"Content-Length: {len(body)}\r\n", path=path) + body)
+    try:
+        return _read_response(sock)
+    finally:
+        sock.close()
+
+
+def test_bridge_refusals_of_a_body_say_so_in_plain_text(edge_server: tuple[str, int]) -> None:
+    status, _, body = _post(
+        edge_server, "/v1/bridge/pairings/redeem", b'{"code": 5}', source="127.0.3.2"
+    )
+    assert (status, body["code"]) == (400, "INVALID_REQUEST")
+    assert body["error"] == "code: Not a valid string."
+
+
+def test_redeem_is_rate_limited_per_client_address(edge_server: tuple[str, int]) -> None:
+    redeem, code = "/v1/bridge/pairings/redeem", b'{"code": "' + b"x" * 32 + b'"}'
+    for _ in range(BRIDGE_LIMIT):
+        status, _, body = _post(edge_server, redeem, code, source="127.0.3.3")
+        assert (status, body["code"]) == (404, "PAIRING_CODE_UNKNOWN")
+    status, headers, body = _post(edge_server, redeem, code, source="127.0.3.3")
+    assert (status, body["code"]) == (429, "BRIDGE_RATE_LIMITED")
+    assert int(headers["retry-after"]) >= 1
+    # Another address has a budget of its own.
+    status, _, body = _post(edge_server, redeem, code, source="127.0.3.4")
+    assert (status, body["code"]) == (404, "PAIRING_CODE_UNKNOWN")
+
+
+def test_the_keyed_bridge_routes_are_rate_limited_per_key(
+    edge_server: tuple[str, int], account_factory: Any
+) -> None:
+    owner, other = account_factory(), account_factory()
+    status_path = f"/v1/bridge/workers/{owner.worker_id}/status"
+
+    def status_of(key: str, scheme: str = "Bearer ") -> tuple[int, dict[str, str], Any]:
+        sock = _connect(edge_server)
+        sock.sendall(_head(key, path=status_path, method="GET", scheme=scheme))
+        try:
+            return _read_response(sock)
+        finally:
+            sock.close()
+
+    for _ in range(BRIDGE_LIMIT):
+        assert status_of(owner.api_key)[0] == 200
+    # However the key is spelled, it is the same key's budget.
+    status, headers, body = status_of(owner.api_key, "Bearer  ")
+    assert (status, body["code"]) == (429, "BRIDGE_RATE_LIMITED")
+    assert int(headers["retry-after"]) >= 1
+    assert status_of(other.api_key)[0] == 404
+
+
+def test_a_body_slower_than_its_deadline_gets_408_and_frees_its_place(
+    deadline_server: tuple[str, int], account_factory: Any
+) -> None:
+    owner = account_factory()
+    request_id = uuid.uuid4().hex
+    slow = _connect(deadline_server)
+    slow.sendall(
+        _head(
+            owner.api_key,
+            f"Content-Length: 100\r\nX-LibreChat-Workspace-Request-Id: {request_id}\r\n",
+        )
+        + b"{"
+    )
+    # The slow call holds the key's one place while its body does not come...
+    status, _, body = _overloaded_soon(deadline_server, owner.api_key)
+    assert (status, body["code"]) == (503, "SERVICE_OVERLOADED")
+    # ...until its deadline: refused, its connection closed, and the place free again.
+    slow.settimeout(BODY_TIMEOUT_S + 10)
+    status, headers, body = _read_response(slow)
+    assert (status, body["code"]) == (408, "REQUEST_BODY_TIMEOUT")
+    assert headers["connection"] == "close"
+    _closed_within(slow, 5)
+    status, _, body = _answer(deadline_server, owner.api_key)
+    assert (status, body["code"]) == (400, "INVALID_WORKSPACE_TOOL_REQUEST")
+    # Like every execute POST, it has its row.
+    rows = wait_until(
+        lambda: list(
+            CompletionLog.objects.filter(request_id=request_id).values_list("http_status", "code")
+        ),
+        timeout_s=20,
+    )
+    assert rows == [(408, "REQUEST_BODY_TIMEOUT")]
+
+
+def test_a_trickling_body_on_another_route_gets_408(deadline_server: tuple[str, int]) -> None:
+    sock = _connect(deadline_server, "127.0.3.5")
+    sock.sendall(_head("", "Content-Length: 100\r\n", path="/v1/bridge/pairings/redeem"))
+    sock.settimeout(BODY_TIMEOUT_S + 10)
+    sock.sendall(b"{")  # a start, and nothing more: the deadline is for the whole body
+    status, headers, body = _read_response(sock)
+    assert (status, body["code"]) == (408, "REQUEST_BODY_TIMEOUT")
+    assert headers["connection"] == "close"
