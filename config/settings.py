@@ -301,6 +301,7 @@ AXES_LOCKOUT_CALLABLE = "config.login_throttle.lockout_response"
 # REMOTE_ADDR: the socket's peer, or what a proxy uvicorn trusts (FORWARDED_ALLOW_IPS) put in
 # X-Forwarded-For; never a forwarding header read by axes itself, which any client can write.
 AXES_CLIENT_IP_CALLABLE = "config.login_throttle.remote_addr"
-# No start-up line (INFO) from every process, management commands included; lockouts (WARNING)
-# are still logged. (LOGGING's literal reads as dict[str, object] to mypy.)
+# No start-up line (INFO) from every process, management commands included; failures and
+# lockouts (WARNING, username and address masked) are still logged. (The ignore: mypy reads
+# LOGGING's literal as dict[str, object].)
 LOGGING["loggers"]["axes"] = {"level": "WARNING"}  # type: ignore[index]
