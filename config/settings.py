@@ -298,3 +298,27 @@ LOGGING = {
         "celery": {"level": "WARNING"},
     },
 }
+
+# Admin login throttle (django-axes): 5 wrong passwords for one username from one address lock
+# that pair out for 15 minutes; other users, and the same user elsewhere, still sign in, so a
+# guesser cannot lock the real admin out. `manage.py axes_reset` lifts every lock (docs/operations.md).
+INSTALLED_APPS += ["axes"]
+# Last, as axes asks: it turns the backend's refusal into the lockout page.
+MIDDLEWARE += ["axes.middleware.AxesMiddleware"]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("ADMIN_LOGIN_FAILURE_LIMIT", 5, low=1, high=1000)
+# In hours: axes reads a float as hours.
+AXES_COOLOFF_TIME = env_int("ADMIN_LOGIN_COOLOFF_MIN", 15, low=1, high=10_080) / 60
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "config.login_throttle.lockout_response"
+# REMOTE_ADDR: the socket's peer, or what a proxy uvicorn trusts (FORWARDED_ALLOW_IPS) put in
+# X-Forwarded-For; never a forwarding header read by axes itself, which any client can write.
+AXES_CLIENT_IP_CALLABLE = "config.login_throttle.remote_addr"
+# No start-up line (INFO) from every process, management commands included; failures and
+# lockouts (WARNING, username and address masked) are still logged. (The ignore: mypy reads
+# LOGGING's literal as dict[str, object].)
+LOGGING["loggers"]["axes"] = {"level": "WARNING"}  # type: ignore[index]

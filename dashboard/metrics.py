@@ -6,10 +6,10 @@ Redis hash that every API process bumps in the same round trip as a call's compl
 processes behind one scrape address never disagree. Labels: `worker` and `reason`/`code`
 only; never an isolation key, tenant or principal.
 
-Access: with METRICS_TOKEN set, a scrape must send `Authorization: Bearer <METRICS_TOKEN>`;
-without it, only loopback clients are answered (a Prometheus on the same host, or a local
-sidecar). Uvicorn rewrites the client address from X-Forwarded-For only for a proxy on
-loopback, so a public request relayed by a local proxy is not mistaken for a local one.
+Access: `Authorization: Bearer <METRICS_TOKEN>`, or an active staff member's session (a
+person looking from the browser). The client address counts for nothing: a command on a
+worker that shares the API's host connects from loopback too, and the metrics name every
+tenant's workers.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ from dashboard.live import WorkerCard, live_cards, policy_ceilings
 from workspaces.auth import bearer_token
 
 log = logging.getLogger("sluice.metrics")
-
-LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
 def _counters(raw: dict[str, str]) -> dict[str, dict[tuple[str, ...], int]]:
@@ -169,26 +167,31 @@ class SluiceCollector:
         )
 
 
-def metrics_allowed(request: HttpRequest) -> tuple[bool, int]:
-    """(allowed, status to answer otherwise). Read per request, so rotating the token needs no code."""
+def metrics_refusal(request: HttpRequest) -> tuple[int, str] | None:
+    """None when the request may read the metrics, else (status, text). The token is read from
+    the environment on each request, so a test can set it for itself."""
     token = os.environ.get("METRICS_TOKEN", "")
-    if token:
-        supplied = bearer_token(request.headers.get("Authorization")) or ""
-        return hmac.compare_digest(supplied.encode(), token.encode()), 401
-    return request.META.get("REMOTE_ADDR", "") in LOOPBACK, 403
+    supplied = bearer_token(request.headers.get("Authorization"))
+    if token and supplied and hmac.compare_digest(supplied.encode(), token.encode()):
+        return None
+    user = request.user
+    if user.is_authenticated:
+        if user.is_active and user.is_staff:
+            return None
+        return 403, "/metrics is for active staff or a scraper holding METRICS_TOKEN.\n"
+    if not token:
+        return 401, "METRICS_TOKEN is not set here: only a staff session can read /metrics.\n"
+    return 401, "A bearer token is required: Authorization: Bearer <METRICS_TOKEN>.\n"
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    allowed, status = metrics_allowed(request)
-    if not allowed:
-        text = (
-            "A bearer token is required (METRICS_TOKEN).\n"
-            if status == 401
-            else "/metrics answers loopback clients only unless METRICS_TOKEN is set.\n"
-        )
+    refusal = metrics_refusal(request)
+    if refusal is not None:
+        status, text = refusal
         response = HttpResponse(text, status=status, content_type="text/plain")
         if status == 401:
-            response["WWW-Authenticate"] = "Bearer"
+            # What a scraper expects to see when its credentials are missing or wrong.
+            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SluiceCollector(sync_queue().client))

@@ -470,11 +470,12 @@ def bridge(p: Prober) -> None:
 def service(p: Prober) -> None:
     for label, path in (
         ("healthz", "/healthz"),
-        ("metrics", "/metrics"),
         ("schema", "/v1/schema/"),
         ("schema docs", "/v1/schema/docs/"),
     ):
         p.send(label, 200, None, "GET", path)
+    # Without METRICS_TOKEN or a staff session, from loopback too.
+    p.send("metrics without credentials", 401, None, "GET", "/metrics")
 
 
 def run_all(

@@ -35,7 +35,13 @@ from types import FrameType
 
 import httpx
 
-from scripts.devdemo import admin_password, demo_account, demo_workspaces
+from scripts.devdemo import (
+    METRICS_TOKEN_FILE,
+    admin_password,
+    demo_account,
+    demo_workspaces,
+    metrics_token,
+)
 from scripts.devprocs import (
     PY,
     ROOT,
@@ -198,7 +204,11 @@ def start_worker(
     # The token travels in the environment, not on a command line every local user can read.
     # The worker gets what a worker machine would: its token and its own Redis user, not the
     # server's database or the unrestricted REDIS_URL.
-    env = {k: v for k, v in env.items() if k not in {"DATABASE_URL", "ADMISSION_REDIS_URL"}}
+    env = {
+        k: v
+        for k, v in env.items()
+        if k not in {"DATABASE_URL", "ADMISSION_REDIS_URL", "METRICS_TOKEN"}
+    }
     env["SLUICE_WORKER_TOKEN"] = account["worker_token"]
     if "redis_url" in account:
         env["REDIS_URL"] = account["redis_url"]
@@ -244,11 +254,18 @@ def check_call(base: str, api_key: str) -> None:
 
 
 def banner(base: str, password: str, api_key: str, env: dict[str, str]) -> None:
+    token = (
+        "$METRICS_TOKEN"
+        if env.get("METRICS_TOKEN")
+        else f"$(cat {METRICS_TOKEN_FILE.relative_to(ROOT)})"
+    )
     text = (
         "\nSluice is running. Ctrl-C stops everything.\n\n"
         f"  Admin:     {base}/admin/   user admin, password {password}\n"
         f"  Dashboard: {base}/dashboard/\n"
         f"  Health:    {base}/healthz\n"
+        f'  Metrics:   curl -H "Authorization: Bearer {token}" {base}/metrics\n'
+        "             (or signed in as admin; Prometheus: credentials_file, docs/dashboard.md)\n"
         f"  Database:  {shown_url(env['DATABASE_URL'])}\n"
         f"  Redis:     {shown_url(env['REDIS_URL'])}\n"
         "  Operator commands in this checkout reach this instance, e.g.\n"
@@ -295,7 +312,9 @@ def run(stack: contextlib.ExitStack, host: str, port: int) -> int:
     drainer = Child("drainer", [PY, "manage.py", "drain_completions"], env)
     stack.callback(drainer.stop, 10)
     tally = CallTally()
-    api, base = start_api(stack, env, host, port, tally)
+    # Only the API gets the scrape token (the worker's environment is built from `env`).
+    api_env = env | {"METRICS_TOKEN": env.get("METRICS_TOKEN") or metrics_token()}
+    api, base = start_api(stack, api_env, host, port, tally)
     worker = start_worker(stack, env, base, account, workspaces)
     check_call(base, account["api_key"])
     banner(base, password, account["api_key"], env)

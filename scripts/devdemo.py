@@ -117,6 +117,20 @@ def demo_workspaces() -> dict[str, Path]:
     return {"app": app, "docs": docs}
 
 
+METRICS_TOKEN_FILE = VAR / "metrics-token"
+
+
+def metrics_token() -> str:
+    """The scrape token of `/metrics`: made on the first run and kept in var/metrics-token,
+    readable by this user only; a local Prometheus reads the file (`credentials_file`). Commands
+    never see it: the worker hides this checkout's var/ from them."""
+    path = METRICS_TOKEN_FILE
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    write_private(path, secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
+
+
 def admin_password() -> str:
     """Made on the first run and kept in var/admin-password.txt, readable by this user only."""
     path = VAR / "admin-password.txt"

@@ -45,13 +45,19 @@ def api_serve_args(processes: int) -> list[str]:
     one listening socket (one event loop is one core), each with a deadline for a request's
     headers and a bound on its open connections (config/server.py) and uvicorn's own cap on
     connections plus requests (docs/deploy.md). benchmarks/overload.py serves the same way
-    with `--serve-as-make-run`."""
+    with `--serve-as-make-run`.
+
+    No proxy stands in front, so no X-Forwarded-For is believed: uvicorn would otherwise take
+    it from any loopback client, and a local process could pick the address the admin login
+    throttle counts its failures by. FORWARDED_ALLOW_IPS (the proxy's address) turns it back on."""
+    proxy = [] if os.environ.get("FORWARDED_ALLOW_IPS") else ["--no-proxy-headers"]
     return [
         "--workers", str(processes),
         "--http", "config.server:SluiceHttpProtocol",
         "--timeout-keep-alive", "10",
         "--limit-concurrency", "4096",
         "--backlog", "2048",
+        *proxy,
     ]  # fmt: skip
 
 

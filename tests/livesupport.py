@@ -46,6 +46,10 @@ def unique(name: str) -> str:
 # tier (`-m "not e2e"`) is everything that starts none of LIVE_COMMANDS: a test that does and
 # is not marked fails at once, naming the marker it lacks.
 current_test_e2e: bool | None = None
+# The API processes a test starts take this scrape token; workers never get it.
+METRICS_TOKEN = "test-scrape-" + uuid.uuid4().hex
+METRICS_AUTH = {"Authorization": f"Bearer {METRICS_TOKEN}"}
+
 LIVE_COMMANDS = frozenset({"uvicorn", "runworker", "drain_completions", "scripts.dev"})
 
 
@@ -226,7 +230,7 @@ def start_api(
             "2",
             *serving,
         ],
-        env,
+        env | {"METRICS_TOKEN": METRICS_TOKEN},
         f"api:{port}",
     )
     server = ApiServer(f"http://127.0.0.1:{port}", proc, processes)

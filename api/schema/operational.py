@@ -45,9 +45,10 @@ OPERATIONAL: dict[str, tuple[str, Schema]] = {
             "operationId": "metrics",
             "tags": ["operations"],
             "summary": "Prometheus text exposition (contract §5).",
-            "description": "Loopback clients only, unless METRICS_TOKEN is set; then the token "
-            "is required. Answers in text, errors included.",
-            "security": [{}, {"metricsToken": []}],
+            "description": "For a scraper holding METRICS_TOKEN (a bearer token) or an active "
+            "staff member's session; the client address counts for nothing. Answers in text, "
+            "errors included.",
+            "security": [{"metricsToken": []}, {"staffSession": []}],
             "responses": {
                 "200": {
                     "description": "Prometheus text format.",
@@ -63,10 +64,14 @@ OPERATIONAL: dict[str, tuple[str, Schema]] = {
                     },
                 },
                 "401": {
-                    "description": "METRICS_TOKEN set, token missing or wrong.",
+                    "description": "No staff session, and the token is missing or wrong (or "
+                    "METRICS_TOKEN is not set). Carries `WWW-Authenticate: Bearer`.",
                     "content": _TEXT,
                 },
-                "403": {"description": "Not loopback and no METRICS_TOKEN set.", "content": _TEXT},
+                "403": {
+                    "description": "Signed in, but not as active staff.",
+                    "content": _TEXT,
+                },
                 "503": {"description": "Redis or Postgres is down.", "content": _TEXT},
             },
         },
@@ -95,6 +100,12 @@ def finish(result: Schema, **kwargs: Any) -> Schema:
         "type": "http",
         "scheme": "bearer",
         "description": "METRICS_TOKEN.",
+    }
+    components["securitySchemes"]["staffSession"] = {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "sessionid",
+        "description": "An active staff member's admin session.",
     }
     return result
 

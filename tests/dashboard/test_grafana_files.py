@@ -51,7 +51,7 @@ def metric_names(expr: str) -> set[str]:
 
 def rendered_names() -> set[str]:
     """Sample names `/metrics` can expose, from its `# TYPE` lines."""
-    response = Client().get("/metrics")  # the test client is loopback
+    response = Client().get("/metrics", headers={"Authorization": "Bearer grafana-files"})
     assert response.status_code == 200, response.content
     names: set[str] = set()
     for line in response.content.decode().splitlines():
@@ -94,7 +94,7 @@ def test_the_extractor_finds_selectors_and_nothing_else():
 
 @pytest.mark.django_db
 def test_every_metric_in_the_dashboard_and_alerts_is_rendered(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("METRICS_TOKEN", raising=False)
+    monkeypatch.setenv("METRICS_TOKEN", "grafana-files")
     known = rendered_names()
     assert {"sluice_requests_total", "sluice_queue_wait_seconds_bucket"} <= known
 
@@ -122,3 +122,15 @@ def test_the_files_are_importable_as_documented():
         assert rule["alert"] and rule["for"], rule
         assert rule["labels"]["severity"] in {"warning", "critical"}, rule
         assert "\n" not in rule["annotations"]["summary"].strip(), rule
+
+
+def test_the_scrape_example_sends_the_token_from_a_file_under_the_alerted_job_name():
+    config = yaml.safe_load((GRAFANA / "prometheus-scrape.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "sluice"  # what SluiceMetricsDown's `up{job="sluice"}` reads
+    assert job["metrics_path"] == "/metrics"
+    assert job["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/etc/prometheus/sluice-metrics-token",
+    }
+    assert 'up{job="sluice"}' in (GRAFANA / "sluice-alerts.yml").read_text()

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from dashsupport import Calls, command, queue_entries, read, request_id, wait_until
 from django.test import Client
-from livesupport import git_workspace
+from livesupport import METRICS_AUTH, git_workspace
 from prometheus_client.parser import text_string_to_metric_families
 
 ALLOWED_LABELS = {"worker", "reason", "code", "le"}
@@ -17,7 +17,7 @@ ALLOWED_LABELS = {"worker", "reason", "code", "le"}
 
 def scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """{sample name: {sorted labels: value}} of one scrape."""
-    response = httpx.get(f"{url}/metrics", timeout=10)
+    response = httpx.get(f"{url}/metrics", headers=METRICS_AUTH, timeout=10)
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain")
     samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
@@ -107,17 +107,50 @@ def test_an_unknown_worker_id_never_becomes_a_label(api, account_factory):
     )
 
 
-def test_metrics_answer_loopback_only_unless_a_token_is_set(db, monkeypatch: pytest.MonkeyPatch):
+def test_metrics_want_the_token_or_a_staff_session_and_loopback_is_no_excuse(
+    db, monkeypatch: pytest.MonkeyPatch, django_user_model
+):
+    # The test client is 127.0.0.1: where a command on a worker sharing the API's host connects from.
     monkeypatch.delenv("METRICS_TOKEN", raising=False)
-    assert Client().get("/metrics").status_code == 200  # the test client is 127.0.0.1
-    assert Client(REMOTE_ADDR="203.0.113.9").get("/metrics").status_code == 403
+    refused = Client().get("/metrics")
+    assert refused.status_code == 401
+    assert refused["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    assert b"sluice_" not in refused.content
+    assert Client().get("/metrics", headers={"Authorization": "Bearer "}).status_code == 401
 
     monkeypatch.setenv("METRICS_TOKEN", "scrape-secret-0123456789")
-    remote = Client(REMOTE_ADDR="203.0.113.9")
-    assert remote.get("/metrics").status_code == 401
-    assert remote.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    # With a token, loopback is no excuse: the token is the only key.
-    assert Client().get("/metrics").status_code == 401
-    ok = remote.get("/metrics", headers={"Authorization": "Bearer scrape-secret-0123456789"})
-    assert ok.status_code == 200
-    assert b"sluice_queue_limit" in ok.content
+    for client in (Client(), Client(REMOTE_ADDR="203.0.113.9")):
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = client.get("/metrics", headers={"Authorization": "Bearer scrape-secret-0123456789"})
+        assert ok.status_code == 200
+        assert b"sluice_queue_limit" in ok.content
+
+
+@pytest.mark.parametrize("token", ["", "scrape-secret-0123456789"])
+def test_a_staff_session_reads_the_metrics_and_a_plain_user_gets_403(
+    db, monkeypatch: pytest.MonkeyPatch, django_user_model, token: str
+):
+    monkeypatch.setenv("METRICS_TOKEN", token)
+    staff = django_user_model.objects.create_user("ops", password="x", is_staff=True)
+    browser = Client()
+    browser.force_login(staff)
+    seen = browser.get("/metrics")
+    assert seen.status_code == 200
+    assert b"sluice_queue_limit" in seen.content
+
+    plain = Client()
+    plain.force_login(django_user_model.objects.create_user("someone", password="x"))
+    assert plain.get("/metrics").status_code == 403
+    staff.is_active = False
+    staff.save()
+    assert browser.get("/metrics").status_code == 401  # a deactivated account is signed out
+
+
+def test_a_loopback_socket_without_the_token_is_refused(api):
+    # The session's API processes have a token; a local process that does not hold it is
+    # refused like anyone else.
+    refused = httpx.get(f"{api.url}/metrics", timeout=10)
+    assert refused.status_code == 401
+    assert "sluice_" not in refused.text
+    assert httpx.get(f"{api.url}/metrics", headers=METRICS_AUTH, timeout=10).status_code == 200

@@ -150,6 +150,14 @@ def test_operator_commands_reach_the_running_instance_and_a_second_start_refuses
         # The banner names the URLs, and the API's per-call JSON lines stay out of the terminal.
         assert f"/{database}" in first.wait_for("Database:")
         assert "Workspace tool request completed" not in first.output()
+        # /metrics takes the token the banner points at, and nothing from loopback without it.
+        assert "var/metrics-token" in first.wait_for("Metrics:")
+        token_file = checkout / "var" / "metrics-token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        scrape = f"http://127.0.0.1:{port}/metrics"
+        assert httpx.get(scrape, timeout=10).status_code == 401
+        bearer = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        assert httpx.get(scrape, headers=bearer, timeout=10).status_code == 200
         # The demo call's row line is logged once its response is closed, a moment after the
         # answer that lets the banner print: wait for it in the API's log file.
         api_log = checkout / "var" / "log" / "api.log"

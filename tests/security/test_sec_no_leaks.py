@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from livesupport import git_workspace
+from livesupport import METRICS_AUTH, git_workspace
 from secsupport import EXECUTE, body
 
 from admission.models import CompletionLog
@@ -119,7 +119,10 @@ def test_keys_tokens_content_commands_paths_and_raw_identities_stay_out_of_logs_
             assert answer.status_code == status, (name, answer.text)
             if name == "symlink":
                 assert host_dir not in answer.text
-        metrics = http.get("/metrics").text + other.get("/metrics").text
+        metrics = (
+            http.get("/metrics", headers=METRICS_AUTH).text
+            + other.get("/metrics", headers=METRICS_AUTH).text
+        )
 
     # Every call leaves one row; 401s carry the request id too.
     deadline = time.monotonic() + 15
