@@ -191,6 +191,8 @@ def test_only_rotate_worker_token_replaces_the_worker_token(
         )
     assert refused.status_code == 401
     assert refused.json()["code"] == "UNAUTHENTICATED"
+    assert "worker token is not valid" in refused.json()["error"]
+    assert refused.headers["WWW-Authenticate"] == "Bearer"
     assert accepted.status_code == 200, accepted.text
     # And a real worker started with the old token refuses to run, with one line saying why.
     (tmp_path / "repo").mkdir()
@@ -199,7 +201,8 @@ def test_only_rotate_worker_token_replaces_the_worker_token(
         "--workspace", f"repo={tmp_path / 'repo'}", "--api", api.url,
     )  # fmt: skip
     assert run.returncode != 0
-    assert "401" in run.stderr
+    assert "401" in run.stderr and "rotated or revoked" in run.stderr
+    assert "API key" not in run.stderr
 
 
 def test_bootstrap_refuses_a_worker_id_that_belongs_to_another_tenant(
