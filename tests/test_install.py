@@ -16,8 +16,10 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import pytest
+from livesupport import Process, git_workspace, unique
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,3 +150,91 @@ def test_pip_install_client_from_a_git_url_subdirectory(tmp_path: Path) -> None:
     venv = _fresh_venv(tmp_path, ["httpx", "wheel"])
     _pip(venv, f"git+file://{repo}#subdirectory=client", cwd=tmp_path)
     _assert_client_installed(venv)
+
+
+# What the server needs and a worker must not: none of it may be importable in the worker's venv.
+SERVER_ONLY = ["psycopg", "uvicorn", "rest_framework", "drf_spectacular", "whitenoise"]
+SERVER_ONLY += ["prometheus_client", "adrf"]
+WORKER_PARTS = ("worker", "protocol", "config", "workspaces", "admission")
+
+
+def _installed_worker(tmp_path: Path) -> Path:
+    repo = _checkout(tmp_path, *WORKER_PARTS)
+    venv = _fresh_venv(
+        tmp_path, ["Django", "celery", "redis", "kombu", "packaging", "httpx", "wheel"]
+    )
+    _pip(venv, "./worker", cwd=repo)
+    python = str(venv / "bin" / "python")
+    missing = subprocess.run(
+        [python, "-c", "import importlib.util as u, sys; "
+         "print([m for m in sys.argv[1:] if u.find_spec(m)])", *SERVER_ONLY],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    ).stdout.strip()  # fmt: skip
+    assert missing == "[]", missing
+    return venv
+
+
+@pytest.mark.timeout(600)
+def test_pip_install_worker_gives_sluice_worker_without_the_servers_packages(
+    tmp_path: Path,
+) -> None:
+    venv = _installed_worker(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    helped = subprocess.run(
+        [str(venv / "bin" / "sluice-worker"), "--help"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("usage: sluice-worker")
+    for flag in ("--pairing-code", "--credentials", "--workspace", "--linked-worktree-lanes"):
+        assert flag in helped.stdout
+
+
+@pytest.mark.timeout(600)
+def test_a_paired_sluice_worker_from_its_own_venv_serves_calls(
+    tmp_path: Path, api: Any, live_env: dict[str, str], account_factory: Any
+) -> None:
+    venv = _installed_worker(tmp_path)
+    owner = account_factory()
+    worker_id = unique("pip")
+    repo = git_workspace(tmp_path / "repo", files={"README.md": "from a pip-installed worker\n"})
+    # A worker machine's shell: the server's Redis and key prefix (ACL users are off in the
+    # tests, so pairing hands out no Redis URL of the worker's own), nothing else of the server.
+    keep = ("PATH", "HOME", "LANG", "TMPDIR", "REDIS_URL", "ADMISSION_REDIS_URL")
+    env = {k: v for k, v in live_env.items() if k in keep}
+    env |= {"SLUICE_REDIS_PREFIX": live_env["SLUICE_REDIS_PREFIX"], "PYTHONUNBUFFERED": "1"}
+    with api.client() as http:
+        code = http.post(
+            "/v1/bridge/pairings", headers=owner.auth, json={"workerId": worker_id}
+        ).json()["code"]
+        worker = Process(
+            [str(venv / "bin" / "sluice-worker"), "--pairing-code", code, "--api", api.url,
+             "--workspace", f"repo={repo}", "--credentials", str(tmp_path / "worker.json"),
+             "--allow-unsandboxed-commands"],
+            env,
+            "sluice-worker",
+            cwd=tmp_path,
+        )  # fmt: skip
+        try:
+            worker.wait_for("ready", timeout_s=90)
+            headers = owner.auth | {"X-LibreChat-Code-Worker-ID": worker_id}
+            body = {"protocolVersion": 1, "workspaceId": "repo"}
+            read = http.post(
+                "/v1/workspace-tools/execute",
+                headers=headers,
+                json=body | {"operation": "read_file", "path": "README.md"},
+            )
+            assert read.status_code == 200, read.text
+            assert read.json()["content"] == "from a pip-installed worker"
+            ran = http.post(
+                "/v1/workspace-tools/execute",
+                headers=headers,
+                json=body | {"operation": "execute_command", "command": "echo ran"},
+            )
+            assert ran.status_code == 200, ran.text
+            assert "ran" in ran.json()["stdout"]
+        finally:
+            code_ = worker.stop(40)
+        assert code_ == 0, worker.output()
+        assert f"worker {worker_id} deregistered" in worker.output()
+        assert "Traceback" not in worker.output()
