@@ -242,7 +242,10 @@ class Command(BaseCommand):
         try:
             # The worker's first use of its Redis: registering set its Redis user up.
             state.sync_clock()
-            redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=5).ping()
+            if urlsplit(settings.CELERY_BROKER_URL).scheme in ("redis", "rediss", "unix"):
+                broker = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=5)
+                with broker:
+                    broker.ping()
         except redis.RedisError as exc:
             control.deregister(state.incarnation)
             raise CommandError(redis_refused(exc)) from None
