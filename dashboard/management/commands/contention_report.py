@@ -112,9 +112,9 @@ def render_text(report: dict[str, Any]) -> str:
     ):
         if report[key]:
             lines.append(f"{title}:")
+            key_column = ["key"] if with_key else []
             lines += _table(
-                ["worker", "workspace", *(["key"] if with_key else []), "calls", "total wait"]
-                + ["max wait", "timeouts"],
+                ["worker", "workspace", *key_column, "calls", "total wait", "max wait", "timeouts"],
                 [
                     [
                         c["worker_id"],
