@@ -158,12 +158,15 @@ SERVER_ONLY += ["prometheus_client", "adrf"]
 WORKER_PARTS = ("worker", "protocol", "config", "workspaces", "admission")
 
 
-def _installed_worker(tmp_path: Path) -> Path:
+def _installed_worker(tmp_path: Path, *, from_git: bool = False) -> Path:
     repo = _checkout(tmp_path, *WORKER_PARTS)
     venv = _fresh_venv(
         tmp_path, ["Django", "celery", "redis", "kombu", "packaging", "httpx", "wheel"]
     )
-    _pip(venv, "./worker", cwd=repo)
+    if from_git:
+        _pip(venv, f"git+file://{repo}#subdirectory=worker", cwd=tmp_path)
+    else:
+        _pip(venv, "./worker", cwd=repo)
     python = str(venv / "bin" / "python")
     missing = subprocess.run(
         [python, "-c", "import importlib.util as u, sys; "
@@ -175,10 +178,10 @@ def _installed_worker(tmp_path: Path) -> Path:
 
 
 @pytest.mark.timeout(600)
-def test_pip_install_worker_gives_sluice_worker_without_the_servers_packages(
+def test_pip_install_worker_from_a_git_url_gives_sluice_worker_without_the_servers_packages(
     tmp_path: Path,
 ) -> None:
-    venv = _installed_worker(tmp_path)
+    venv = _installed_worker(tmp_path, from_git=True)
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
     helped = subprocess.run(
         [str(venv / "bin" / "sluice-worker"), "--help"],
@@ -197,7 +200,9 @@ def test_a_paired_sluice_worker_from_its_own_venv_serves_calls(
     venv = _installed_worker(tmp_path)
     owner = account_factory()
     worker_id = unique("pip")
-    repo = git_workspace(tmp_path / "repo", files={"README.md": "from a pip-installed worker\n"})
+    repo = git_workspace(
+        tmp_path / "workspace", files={"README.md": "from a pip-installed worker\n"}
+    )
     # A worker machine's shell: the server's Redis and key prefix (ACL users are off in the
     # tests, so pairing hands out no Redis URL of the worker's own), nothing else of the server.
     keep = ("PATH", "HOME", "LANG", "TMPDIR", "REDIS_URL", "ADMISSION_REDIS_URL")
