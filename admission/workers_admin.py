@@ -267,9 +267,12 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ["principal", "prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke_keys"]
 
-    def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
+    def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
+        if obj is not None:
+            return super().get_fieldsets(request, obj)
         # Adding names the principal and a label; the key itself is made on save.
-        return ["principal", "label"] if obj is None else self.fields
+        note = f"The key is made when you save, and shown in the message that follows. {SHOWN_ONCE}"
+        return [(None, {"fields": ["principal", "label"], "description": note})]
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
         return [] if obj is None else self.readonly_fields
