@@ -9,10 +9,11 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    if sys.argv[1:2] == ["runworker"]:
-        from config import role
+    from config import role
 
+    if sys.argv[1:2] == ["runworker"]:
         role.mark_worker()
+    role.mark_help_only(sys.argv)
     from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line

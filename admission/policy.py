@@ -467,6 +467,45 @@ def policy_override_clear(*, tenant: str | None = None, worker: str | None = Non
     return deleted > 0
 
 
+def policy_shown(value: Any) -> str:
+    """A policy value as set_policy takes it back."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def effective_policy(
+    *, tenant: str | None = None, worker: str | None = None
+) -> list[tuple[str, str, str]]:
+    """(KEY, value, where it comes from) for every policy key: for one worker (its override,
+    then its tenant's, then the global row), one tenant, or the global row alone. The same
+    field-by-field rule as resolve(); ValueError for an unknown tenant or worker."""
+    layers: list[tuple[str, PolicyOverride]] = []
+    if worker is not None or tenant is not None:
+        target = override_target(tenant=tenant, worker=worker)
+        tenant_row: Tenant = target["tenant"] if "tenant" in target else target["worker"].tenant
+        if "worker" in target:
+            row = PolicyOverride.objects.filter(worker=target["worker"]).first()
+            if row is not None:
+                layers.append((f"worker {worker} override", row))
+        row = PolicyOverride.objects.filter(tenant=tenant_row).first()
+        if row is not None:
+            layers.append((f"tenant {tenant_row.name} override", row))
+    base = policy_row()
+    out = []
+    for key, field in POLICY_FIELDS.items():
+        value, source = getattr(base, field), "global policy"
+        if key not in OVERRIDE_KEYS:
+            source = "global policy (global only)"
+        else:
+            for name, override in layers:
+                if getattr(override, field) not in (None, ""):
+                    value, source = getattr(override, field), name
+                    break
+        out.append((key, policy_shown(value), source))
+    return out
+
+
 def env_differences() -> list[str]:
     """Policy variables set in this environment that the stored row does not follow.
 

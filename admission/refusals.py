@@ -153,6 +153,20 @@ def key_revoked() -> Refusal:
     )
 
 
+def worker_token_refused(*, given: bool) -> Refusal:
+    """A worker's own 401: its token names no worker, typically after a rotation or revocation."""
+    if not given:
+        return Refusal(
+            "UNAUTHENTICATED", "A worker token is required (Authorization: Bearer <token>)."
+        )
+    return Refusal(
+        "UNAUTHENTICATED",
+        "This worker token is not valid: it was rotated or revoked (or never issued). Start the "
+        "worker with its current token, or issue a new one (bootstrap --rotate-worker-token, "
+        "the admin's Rotate token, or pair again).",
+    )
+
+
 def service_overloaded(retry_after_s: int = 1) -> Refusal:
     """This API process, or this credential's share of it, already carries as many calls as
     it may; another may not."""

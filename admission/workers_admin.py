@@ -267,9 +267,28 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ["principal", "prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke_keys"]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        # A key made here could not be shown; use "Create API key" on the principal instead.
-        return False
+    def get_fieldsets(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
+        if obj is not None:
+            return super().get_fieldsets(request, obj)
+        # Adding names the principal and a label; the key itself is made on save.
+        note = f"The key is made when you save, and shown in the message that follows. {SHOWN_ONCE}"
+        return [(None, {"fields": ["principal", "label"], "description": note})]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
+        return [] if obj is None else self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        # The raw key travels in the message storage until the next page renders it, as with
+        # the principal's "Create API key" action; only its hash is stored.
+        raw, obj.prefix, obj.key_hash = new_secret(API_KEY_PREFIX)
+        obj.label = obj.label or f"admin:{request.user.get_username()}"
+        super().save_model(request, obj, form, change)
+        self.message_user(
+            request, f"New API key for {obj.principal}: {raw} — {SHOWN_ONCE}", messages.SUCCESS
+        )
 
     @admin.display(description="state", ordering="revoked_at")
     def state(self, obj: ApiKey) -> str:

@@ -79,9 +79,9 @@ class WorkerTokenAuthentication(BaseAuthentication):
         token = bearer_token(get_authorization_header(request))
         worker = Worker.objects.filter(token_hash=hash_secret(token)).first() if token else None
         if worker is None:
-            raise AuthenticationFailed(
-                "A valid worker token is required (Authorization: Bearer <token>)."
-            )
+            # Its own words, not the API key's: the API key message sent operators of a
+            # worker with a rotated token looking for an API key.
+            raise refusals.worker_token_refused(given=bool(token))
         return WorkerUser(worker), token or ""
 
     def authenticate_header(self, request: Request) -> str:

@@ -51,7 +51,8 @@ def prepare(name: str = "sluice_bench", **env: str) -> dict[str, str]:
 def account(worker_id: str, tenant: str = "bench") -> dict[str, str]:
     from admission.management.commands.bootstrap import bootstrap
 
-    return bootstrap(tenant=tenant, user="bench", worker_id=worker_id)
+    # A benchmark starts this worker itself: a token issued now is the one it runs with.
+    return bootstrap(tenant=tenant, user="bench", worker_id=worker_id, rotate_worker_token=True)
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -7,8 +7,6 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from config.middleware import FAST_PREFIX
-
 # Attributes every LogRecord has; anything else was passed through `extra=` and is a field.
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
 
@@ -46,5 +44,9 @@ class TypedApiAnswersFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info:
             return True
+        # Here, not at the top: a worker (sluice-worker) configures this logging without the
+        # server's HTTP modules, and never logs a request.
+        from config.middleware import FAST_PREFIX
+
         request = getattr(record, "request", None)
         return not str(getattr(request, "path", "")).startswith(FAST_PREFIX)

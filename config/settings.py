@@ -68,6 +68,10 @@ if not DATABASE_URL and not role.WORKER:
             f"({INSTANCE_ENV_FILE.relative_to(BASE_DIR)}); start `make run` or set DATABASE_URL"
         )
     DATABASE_URL = "postgres://root@127.0.0.1:5432/test"
+if _problems and role.HELP_ONLY:
+    # Help opens nothing: a key that signs nothing, and the placeholder database above.
+    SECRET_KEY = SECRET_KEY or secrets.token_urlsafe(48)
+    _problems.clear()
 if _problems:
     raise ImproperlyConfigured(" ".join(p.rstrip(".") + "." for p in reversed(_problems)))
 

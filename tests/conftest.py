@@ -195,8 +195,13 @@ def account_factory(transactional_db: None) -> Any:
     from admission.management.commands.bootstrap import bootstrap
 
     def make(tenant: str | None = None, user: str = "owner", worker: str | None = None) -> Account:
+        # Naming an existing worker gives it a new token here, so the returned account (a
+        # member joining its tenant's worker, say) can start that worker.
         result = bootstrap(
-            tenant=tenant or unique("tenant"), user=user, worker_id=worker or unique("w")
+            tenant=tenant or unique("tenant"),
+            user=user,
+            worker_id=worker or unique("w"),
+            rotate_worker_token=worker is not None,
         )
         return Account(**result)
 

@@ -404,6 +404,29 @@ def test_create_api_key_action_shows_a_working_key_exactly_once(
     assert shown[0] not in admin_client.get("/admin/workspaces/principal/").content.decode()
 
 
+def test_an_api_key_added_on_the_keys_page_works_is_shown_once_and_can_be_revoked(
+    admin_client: Client, owner: Principal
+) -> None:
+    form = admin_client.get("/admin/workspaces/apikey/add/")
+    assert form.status_code == 200
+    assert 'name="principal"' in form.content.decode()
+    response = admin_client.post(
+        "/admin/workspaces/apikey/add/", {"principal": owner.pk, "label": "ci"}, follow=True
+    )
+    shown = re.findall(r"slk_[0-9a-f]{8}_[A-Za-z0-9_-]+", " ".join(messages_of(response)))
+    assert len(shown) == 1
+    assert principal_id_of(shown[0]) == owner.pk
+    key = ApiKey.objects.get(principal=owner)
+    assert key.label == "ci" and shown[0].startswith(key.prefix)
+    assert key.key_hash == hashlib.sha256(shown[0].encode()).hexdigest()
+    # Shown once: no page after the message has it.
+    for url in ("/admin/workspaces/apikey/", f"/admin/workspaces/apikey/{key.pk}/change/"):
+        assert shown[0] not in admin_client.get(url).content.decode()
+    revoked = action(admin_client, "/admin/workspaces/apikey/", "revoke_keys", [key.pk])
+    assert any("Revoked 1 key" in m for m in messages_of(revoked))
+    assert principal_id_of(shown[0]) is None
+
+
 # ---------------------------------------------------------------------------------------
 # Workers
 

@@ -151,6 +151,82 @@ def test_set_policy_with_tenant_or_worker_prints_the_override_and_refuses_in_one
     assert policy_row().worker_queue_limit == 32
 
 
+def shown(done: Any) -> dict[str, tuple[str, str]]:
+    """`set_policy --show`'s lines as KEY -> (value, source)."""
+    assert done.returncode == 0, done.stderr
+    rows = {}
+    for line in done.stdout.splitlines():
+        assignment, _, source = line.partition("  from ")
+        key, _, value = assignment.strip().partition("=")
+        rows[key] = (value, source)
+    return rows
+
+
+def test_set_policy_show_prints_the_effective_policy_and_where_each_value_comes_from(
+    live_env: dict[str, str], transactional_db: None
+) -> None:
+    tenant_with_worker("acme", "acme-1")
+    tenant_with_worker("other", "other-1")
+    policy_update({"WORKER_QUEUE_LIMIT": "32", "JOB_TIMEOUT": "300000"})
+    policy_override_update(
+        tenant="acme", assignments={"WORKER_QUEUE_LIMIT": "8", "WORKSPACE_TOOLS_RATE_LIMIT": "10/s"}
+    )
+    policy_override_update(
+        worker="acme-1",
+        assignments={"WORKER_QUEUE_LIMIT": "2", "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED": "off"},
+    )
+    on_worker = shown(run_command("set_policy", "--show", "--worker", "acme-1"))
+    assert on_worker["WORKER_QUEUE_LIMIT"] == ("2", "worker acme-1 override")
+    assert on_worker["WORKSPACE_TOOLS_RATE_LIMIT_ENABLED"] == ("off", "worker acme-1 override")
+    assert on_worker["WORKSPACE_TOOLS_RATE_LIMIT"] == ("10/s", "tenant acme override")
+    assert on_worker["JOB_TIMEOUT"] == ("300000", "global policy")
+    slots = str(policy_row().max_lease_slots)
+    assert on_worker["CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS"] == (
+        slots,
+        "global policy (global only)",
+    )
+    # What it prints is what the calls run under.
+    policy = policy_for(worker_id="acme-1", tenant_id=Tenant.objects.get(name="acme").pk)
+    assert int(on_worker["WORKER_QUEUE_LIMIT"][0]) == policy.worker_queue_limit
+    assert policy.rate_limit_enabled is False
+    on_tenant = shown(run_command("set_policy", "--show", "--tenant", "acme"))
+    assert on_tenant["WORKER_QUEUE_LIMIT"] == ("8", "tenant acme override")
+    assert on_tenant["WORKSPACE_TOOLS_RATE_LIMIT_ENABLED"][1] == "global policy"
+    on_other = shown(run_command("set_policy", "--show", "--worker", "other-1"))
+    assert {source for _, source in on_other.values()} <= {
+        "global policy",
+        "global policy (global only)",
+    }
+    overall = shown(run_command("set_policy", "--show"))
+    assert overall["WORKER_QUEUE_LIMIT"] == ("32", "global policy")
+    assert (
+        set(overall)
+        == set(on_worker)
+        == {
+            "JOB_TIMEOUT",
+            "WORKSPACE_QUEUE_CEILING_MS",
+            "WORKER_QUEUE_LIMIT",
+            "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS",
+            "WORKSPACE_TOOLS_RATE_LIMIT",
+            "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED",
+        }
+    )
+    refused = run_command("set_policy", "--show", "--worker", "nope")
+    assert refused.returncode != 0
+    assert len(refused.stderr.strip().splitlines()) == 1 and "nope" in refused.stderr
+
+
+def test_set_policy_check_env_says_so_when_everything_matches(
+    live_env: dict[str, str], transactional_db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORKER_QUEUE_LIMIT", str(policy_row().worker_queue_limit))
+    done = run_command("set_policy", "--check-env")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "the stored policy follows every policy variable set in the environment"
+    )
+
+
 def test_overrides_reach_a_second_api_process_on_its_next_call_and_only_their_target(
     api_servers: list[Any],
     api: Any,

@@ -171,6 +171,19 @@ def test_contention_report_prints_the_same_attribution(scenario, monkeypatch):
     call_command("contention_report", "--since", "10m", "--worker", "w1", stdout=text)
     assert "long-command-on-a-0001" in text.getvalue()
     assert "ka000000" in text.getvalue()
+    # A table has a key column only where its rows have keys, and then every row fills it.
+    lines = text.getvalue().splitlines()
+    for title, has_key in (
+        ("Workspaces by total wait:", False),
+        ("Isolation keys by total wait:", True),
+    ):
+        header = lines[lines.index(title) + 1]
+        assert ("  key  " in header) is has_key, header
+        if has_key:
+            start = header.index("key")
+            rows = lines[lines.index(title) + 2 :]
+            rows = rows[: rows.index("")]
+            assert rows and all(row[start : start + 8].strip() for row in rows), rows
 
 
 def test_contention_report_refuses_a_bad_window(db):

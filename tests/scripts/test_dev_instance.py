@@ -87,9 +87,9 @@ def shell_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def make_run(checkout: Path, database: str, port: int, name: str) -> Process:
+def make_run_env(database: str, port: int) -> dict[str, str]:
     db = settings.DATABASES["default"]
-    env = shell_env(
+    return shell_env(
         PYTHONUNBUFFERED="1",
         SLUICE_LOCAL_SECRET="1",
         DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{database}",
@@ -101,6 +101,10 @@ def make_run(checkout: Path, database: str, port: int, name: str) -> Process:
         # A policy variable; the stored row starts from it and later differs from it.
         WORKER_QUEUE_LIMIT="16",
     )
+
+
+def make_run(checkout: Path, database: str, port: int, name: str) -> Process:
+    env = make_run_env(database, port)
     return Process([PYTHON, "-m", "scripts.dev"], env, name, cwd=checkout)
 
 
@@ -166,6 +170,8 @@ def test_operator_commands_reach_the_running_instance_and_a_second_start_refuses
         second = make_run(checkout, database, free_port(), "second-make-run")
         assert second.proc.wait(timeout=60) == 1
         assert f"already running in this checkout (pid {first.proc.pid})" in second.output()
+        # It started nothing, so it says only that (no "shutting down", no "stopped").
+        assert "shutting down" not in second.output() and "stopped" not in second.output()
         # ... and it stopped none of the first run's processes.
         assert first.alive()
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
@@ -203,6 +209,68 @@ def test_operator_commands_reach_the_running_instance_and_a_second_start_refuses
     with psycopg.connect(admin_url(database)) as conn:
         keys = conn.execute("SELECT count(*) FROM workspaces_apikey").fetchone()
     assert keys == (1,)
+
+
+def test_a_credentials_file_written_before_a_restart_works_after_it(
+    checkout: Path, database: str, tmp_path: Path
+) -> None:
+    """With the embedded Redis (no REDIS_URL) and per-worker Redis users: a worker's file
+    written while one run was up names the Redis of the next run too."""
+    port = free_port()
+    env = {
+        k: v
+        for k, v in make_run_env(database, port).items()
+        # The embedded Redis is this run's own: the default key prefix, and ACL users on.
+        if k not in {"REDIS_URL", "SLUICE_WORKER_REDIS_ACL", "SLUICE_REDIS_PREFIX"}
+    }
+    creds = tmp_path / "laptop.json"
+    first = Process([PYTHON, "-m", "scripts.dev"], env, "make-run", cwd=checkout)
+    try:
+        first.wait_for("Sluice is running", timeout_s=180)
+        done = operator(
+            checkout, "bootstrap", "--user", "op", "--worker", "laptop", "--json",
+            "--credentials-out", str(creds),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        key = demo_key(first)
+    finally:
+        if first.alive():
+            stop(first)
+    redis_port = int((checkout / "var" / "redis" / "port").read_text())
+    assert f"127.0.0.1:{redis_port}/" in json.loads(creds.read_text())["redis_url"]
+
+    again = Process([PYTHON, "-m", "scripts.dev"], env, "make-run-again", cwd=checkout)
+    worker: Process | None = None
+    try:
+        again.wait_for("Sluice is running", timeout_s=180)
+        assert f"starting embedded Redis on 127.0.0.1:{redis_port}" in again.output()
+        repo = tmp_path / "repo"
+        repo.mkdir()
+        (repo / "README.md").write_text("laptop\n")
+        # A worker machine: the file, its workspace and the API's URL; no server settings.
+        worker = Process(
+            [PYTHON, "manage.py", "runworker", "--credentials", str(creds),
+             "--workspace", f"repo={repo}", "--api", f"http://127.0.0.1:{port}",
+             "--allow-unsandboxed-commands"],
+            shell_env(PYTHONUNBUFFERED="1"),
+            "laptop-worker",
+            cwd=checkout,
+        )  # fmt: skip
+        worker.wait_for("ready", timeout_s=90)
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/workspace-tools/execute",
+            headers={"Authorization": f"Bearer {key}", "X-LibreChat-Code-Worker-ID": "laptop"},
+            json={"protocolVersion": 1, "operation": "read_file", "workspaceId": "repo",
+                  "path": "README.md"},
+            timeout=60,
+        )  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["content"] == "laptop"
+    finally:
+        if worker is not None:
+            worker.stop(40)
+        if again.alive():
+            stop(again)
 
 
 def test_a_stale_instance_file_is_not_followed(checkout: Path) -> None:

@@ -4,6 +4,7 @@ would give it every key, past the demo worker's own ACL user."""
 
 from __future__ import annotations
 
+import socket
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ import pytest
 import redis
 from livesupport import NO_RETRY, free_port, wait_until
 
-from scripts.devprocs import embedded_redis
+from scripts.devprocs import embedded_redis, kept_port
 
 
 @pytest.fixture
@@ -52,3 +53,23 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
+
+
+def test_the_port_is_chosen_once_per_checkout_and_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "var" / "redis" / "port"
+    first = kept_port(path)
+    assert path.read_text().strip() == str(first)
+    # Every later start has the same one, so URLs handed out before stay true.
+    assert kept_port(path) == kept_port(path) == first
+    # Only a port another program holds is given up, and that is said.
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", first))
+        other.listen()
+        moved = kept_port(path)
+    assert moved != first
+    assert path.read_text().strip() == str(moved)
+    said = capsys.readouterr().out
+    assert f"port {first}" in said and f"using {moved}" in said
+    assert kept_port(path) == moved

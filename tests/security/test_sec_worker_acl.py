@@ -115,6 +115,7 @@ def test_a_worker_with_only_its_credentials_file_serves_calls_and_reaches_nothin
     owner_id = unique("w")
     # bootstrap --credentials-out writes the file runworker reads by default for this id.
     out = home / ".config" / "sluice" / f"worker-{owner_id}.json"
+    out.parent.mkdir(mode=0o700, parents=True)
     printed = io.StringIO()
     call_command(
         "bootstrap",
@@ -212,7 +213,9 @@ def test_rotating_the_token_replaces_the_redis_password_and_deleting_the_worker_
     worker_id = first["worker_id"]
     with as_worker(first["redis_url"]) as client:
         assert client.ping()
-    again = bootstrap(tenant=first["tenant"], user="owner", worker_id=worker_id)
+    again = bootstrap(
+        tenant=first["tenant"], user="owner", worker_id=worker_id, rotate_worker_token=True
+    )
     with pytest.raises(redis.exceptions.AuthenticationError):
         as_worker(first["redis_url"]).ping()
     with as_worker(again["redis_url"]) as client:

@@ -32,3 +32,29 @@ def test_heartbeats_renew_in_redis_and_tell_replaced_and_lost(
     sync_redis.delete(key)
     # Lost: Redis cannot tell lost from replaced, so the API is asked (unreachable here).
     assert control.heartbeat("inc2") is None
+
+
+def test_deregister_says_whether_it_happened(api, account_factory, caplog) -> None:
+    """runworker prints "deregistered" only on True: a failed try has logged why already."""
+    import socket
+
+    owner = account_factory()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    gone = ControlPlane(f"http://127.0.0.1:{closed}", worker_id=owner.worker_id, token="t")
+    assert gone.deregister("a" * 32) is False
+    refused = ControlPlane(api.url, worker_id=owner.worker_id, token="slw_00000000_not-a-token")
+    assert refused.deregister("a" * 32) is False
+    assert [r.getMessage().split(";")[0] for r in caplog.records if r.name == "sluice.worker"] == [
+        "could not deregister",
+        "could not deregister (HTTP 401)",
+    ]
+    mine = ControlPlane(api.url, worker_id=owner.worker_id, token=owner.worker_token)
+    registered = mine.register(
+        workspaces=[
+            {"workspaceId": "repo", "operations": ["read_file"], "linkedWorktreeLanes": False}
+        ],
+        slots=1,
+    )
+    assert mine.deregister(registered["incarnationId"]) is True

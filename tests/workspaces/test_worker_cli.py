@@ -141,3 +141,33 @@ def test_a_worker_token_of_another_worker_is_refused_in_one_line(
     # The path stays on the worker's machine, even in its own error output.
     assert str(repo) not in proc.stderr
     assert Path(repo).is_dir()
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("refusal", ["closed port", "wrong password"])
+def test_a_worker_whose_redis_refuses_it_says_so_in_one_line(
+    live_env, api, account_factory, tmp_path, refusal
+):
+    owner = account_factory()
+    repo = git_workspace(tmp_path / "repo")
+    if refusal == "closed port":
+        url = f"redis://127.0.0.1:{closed_port()}/0"
+    else:
+        # What a stale credentials file holds once its Redis user's password changed.
+        url = "redis://no-such-user:stale-password@127.0.0.1:6379/0"
+    env = live_env | {"REDIS_URL": url, "ADMISSION_REDIS_URL": url}
+    proc = runworker(env, api, owner, "--workspace", f"repo={repo}")
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Redis" in lines[0] and "127.0.0.1" in lines[0]
+    assert "stale-password" not in proc.stderr
+    # It never stayed registered: it deregistered, or was never listed as online.
+    assert not WorkerRow.objects.get(worker_id=owner.worker_id).is_online

@@ -15,7 +15,9 @@ def test_a_worker_stops_and_deregisters_once_its_token_is_rotated(
     owner = account_factory()
     worker = worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     assert worker.process is not None
-    bootstrap(tenant=owner.tenant, user=owner.user, worker_id=owner.worker_id)  # rotates the token
+    bootstrap(
+        tenant=owner.tenant, user=owner.user, worker_id=owner.worker_id, rotate_worker_token=True
+    )
     started = time.monotonic()
     worker.process.proc.wait(timeout=20)
     # Heartbeats come every 5 s: the worker notices within one of them and drains.

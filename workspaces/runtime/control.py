@@ -190,11 +190,20 @@ class ControlPlane:
             return False
         return None
 
-    def deregister(self, incarnation: str) -> None:
+    def deregister(self, incarnation: str) -> bool:
+        """True when the server took the deregistration; otherwise it says why (a warning)."""
         try:
-            self.http.post(
+            answer = self.http.post(
                 "/v1/workers/deregister",
                 json={"workerId": self.worker_id, "incarnationId": incarnation},
             )
         except httpx.TransportError:
             log.warning("could not deregister; the registration expires by itself")
+            return False
+        if answer.status_code >= 300:
+            log.warning(
+                "could not deregister (HTTP %d); the registration expires by itself",
+                answer.status_code,
+            )
+            return False
+        return True

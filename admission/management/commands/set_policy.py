@@ -2,7 +2,8 @@
 
 It edits the same rows as the admin pages: the global policy, or with `--tenant T` /
 `--worker W` the override of one tenant or worker (`KEY=` with no value inherits again,
-`--clear` removes the override). The save bumps the policy version in Django's cache, so
+`--clear` removes the override; `--show` prints the effective policy and where each value
+comes from). The save bumps the policy version in Django's cache, so
 every API process has the change from its next call, without a restart (contract §1).
 """
 
@@ -17,6 +18,7 @@ from admission.models import PolicyOverride
 from admission.policy import (
     OVERRIDE_KEYS,
     POLICY_FIELDS,
+    effective_policy,
     env_differences,
     parse_assignment,
     policy_override_clear,
@@ -37,7 +39,9 @@ class Command(BaseCommand):
     help = (
         "Change admission policy values, e.g. set_policy WORKER_QUEUE_LIMIT=16 WORKSPACE_TOOLS_RATE_LIMIT=60/30s. "
         f"Keys: {', '.join(POLICY_FIELDS)}. With --tenant or --worker: an override of "
-        f"{', '.join(OVERRIDE_KEYS)} for that tenant or worker (KEY= inherits again)."
+        f"{', '.join(OVERRIDE_KEYS)} for that tenant or worker (KEY= inherits again). "
+        "--show prints the effective policy (for --tenant or --worker if given) and where "
+        "each value comes from."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -47,6 +51,12 @@ class Command(BaseCommand):
         parser.add_argument("--worker", metavar="WORKER_ID", help="Override for this worker only.")
         parser.add_argument(
             "--clear", action="store_true", help="Remove the tenant's or worker's override."
+        )
+        parser.add_argument(
+            "--show",
+            action="store_true",
+            help="Print the effective policy, of --tenant or --worker if given, and where each "
+            "value comes from (the worker's override, its tenant's, or the global policy).",
         )
         parser.add_argument(
             "--check-env",
@@ -65,9 +75,25 @@ class Command(BaseCommand):
         tenant, worker = options["tenant"], options["worker"]
         if tenant is not None and worker is not None:
             raise CommandError("give --tenant or --worker, not both")
+        if options["show"]:
+            if options["assignments"] or options["clear"]:
+                raise CommandError("--show takes no KEY=VALUE and no --clear")
+            try:
+                rows = effective_policy(tenant=tenant, worker=worker)
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+            width = max(len(f"{key}={value}") for key, value, _ in rows)
+            for key, value, source in rows:
+                self.stdout.write(f"{f'{key}={value}':<{width}}  from {source}")
+            return
         if options["check_env"]:
-            for line in env_differences():
+            lines = env_differences()
+            for line in lines:
                 self.stdout.write(line)
+            if not lines:
+                self.stdout.write(
+                    "the stored policy follows every policy variable set in the environment"
+                )
             return
         if options["clear"]:
             if tenant is None and worker is None:

@@ -105,19 +105,21 @@ def render_text(report: dict[str, Any]) -> str:
             ],
         )
         lines.append("")
-    for title, key in (
-        ("Workspaces by total wait", "top_workspaces_by_wait"),
-        ("Isolation keys by total wait", "top_keys_by_wait"),
+    # Rows by workspace carry no isolation key: only the keys' table has a key column.
+    for title, key, with_key in (
+        ("Workspaces by total wait", "top_workspaces_by_wait", False),
+        ("Isolation keys by total wait", "top_keys_by_wait", True),
     ):
         if report[key]:
             lines.append(f"{title}:")
+            key_column = ["key"] if with_key else []
             lines += _table(
-                ["worker", "workspace", "key", "calls", "total wait", "max wait", "timeouts"],
+                ["worker", "workspace", *key_column, "calls", "total wait", "max wait", "timeouts"],
                 [
                     [
                         c["worker_id"],
                         c["workspace_id"],
-                        c.get("isolation_key_hash", "")[:8],
+                        *([c.get("isolation_key_hash", "")[:8]] if with_key else []),
                         str(c["calls"]),
                         _seconds(c["total_wait_ms"]),
                         _seconds(c["max_wait_ms"]),

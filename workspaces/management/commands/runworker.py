@@ -10,7 +10,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
+import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -44,6 +46,23 @@ from workspaces.signing import signing_key_for_token
 log = logging.getLogger("sluice.worker")
 # How often a worker whose registration was lost looks whether its consumer is back.
 CONSUMER_WAIT_S = 0.2
+
+
+def redis_refused(exc: Exception) -> str:
+    """One line for a Redis that will not have this worker, naming where (never the password)."""
+    urls = {settings.ADMISSION_REDIS_URL, settings.CELERY_BROKER_URL}
+    where = ", ".join(
+        sorted(
+            f"{p.username + '@' if p.username else ''}{p.hostname}:{p.port or 6379}"
+            for p in map(urlsplit, urls)
+        )
+    )
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return (
+        f"Redis at {where} refuses this worker: {reason} If its credentials file was written "
+        "before the server's Redis moved or its token was rotated, get a new one "
+        "(bootstrap --rotate-worker-token, or pair again)."
+    )
 
 
 class Command(BaseCommand):
@@ -222,7 +241,16 @@ class Command(BaseCommand):
             signing_key=signing_key_for_token(options["token"]),
             sandbox=sandbox,
         )
-        state.sync_clock()
+        try:
+            # The worker's first use of its Redis: registering set its Redis user up.
+            state.sync_clock()
+            if urlsplit(settings.CELERY_BROKER_URL).scheme in ("redis", "rediss", "unix"):
+                broker = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=5)
+                with broker:
+                    broker.ping()
+        except redis.RedisError as exc:
+            control.deregister(state.incarnation)
+            raise CommandError(redis_refused(exc)) from None
         worker_state.install(state)
         self.stdout.write(
             f"worker {state.worker_id} registered: incarnation {state.incarnation}, "
@@ -247,11 +275,10 @@ class Command(BaseCommand):
             stop.set()
             # Drained: Celery's warm shutdown waited for the calls that had started. A revoked
             # worker has nothing to deregister with: the revoke already took it offline.
-            if not self.revoked:
-                control.deregister(state.incarnation)
-            worker_state.install(None)
-            if not self.revoked:
+            # Said only when it happened: a failed deregistration has logged why already.
+            if not self.revoked and control.deregister(state.incarnation):
                 self.stdout.write(f"worker {state.worker_id} deregistered")
+            worker_state.install(None)
         if self.revoked:
             raise CommandError(
                 f"worker {state.worker_id} stopped: its token is no longer accepted (revoked, "

@@ -1,0 +1,3 @@
+from sluice_worker import main
+
+main()
