@@ -197,3 +197,11 @@ def test_the_image_serves_typed_answers_runs_operator_commands_and_drains(
 
     wait_until(drainer_joined, timeout_s=60, interval_s=0.5)
     client.close()
+
+    # compose.yaml's health checks, run as compose runs them, in each container.
+    for container, check in ((api, "api"), (drainer, "drainer")):
+        health = engine(
+            "exec", container.name, "sh", "-c", f"python -m scripts.healthcheck {check}",
+            check=False,
+        )  # fmt: skip
+        assert health.returncode == 0, health.stderr
