@@ -127,7 +127,12 @@ fi
 if [ ! -f "$ca" ]; then
     mkdir -p var/image && ca=var/image/no-ca && : >"$ca"
 fi
+previous=$("$ENGINE" image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 "$ENGINE" build --build-arg "BASE=$BASE" --secret "id=build-ca,src=$ca" \
     -f Containerfile -t "$IMAGE" .
+# The image this build replaced, now untagged (kept if a container still uses it).
+if [ -n "$previous" ] && [ "$previous" != "$("$ENGINE" image inspect --format '{{.Id}}' "$IMAGE")" ]; then
+    "$ENGINE" rmi "$previous" >/dev/null 2>&1 || true
+fi
 size=$("$ENGINE" image inspect --format '{{.Size}}' "$IMAGE")
 say "built $IMAGE from $BASE in $(($(date +%s) - started)) s; $((size / 1000000)) MB"
