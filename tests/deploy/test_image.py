@@ -10,9 +10,6 @@ builds reuse it and their layers.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from urllib.parse import quote
@@ -22,11 +19,9 @@ import psycopg
 import pytest
 import redis
 from django.conf import settings
-from livesupport import ROOT, free_port, wait_until
+from imagesupport import ENGINE, build_image, engine
+from livesupport import free_port, wait_until
 from psycopg.conninfo import make_conninfo
-
-# The engine `make image` picks first (scripts/image.sh).
-ENGINE = next((name for name in ("podman", "docker") if shutil.which(name)), None)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -35,35 +30,10 @@ pytestmark = [
     pytest.mark.skipif(not ENGINE, reason="neither podman nor docker is installed"),
 ]
 
-IMAGE = "sluice:latest"
-
-
-def engine(
-    *args: str, check: bool = True, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    assert ENGINE
-    return subprocess.run(
-        [ENGINE, *args], capture_output=True, text=True, check=check, timeout=timeout
-    )
-
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    build = subprocess.run(
-        ["make", "image"],
-        cwd=ROOT,
-        env={**_host_env(), "CONTAINER_ENGINE": str(ENGINE), "IMAGE": IMAGE},
-        capture_output=True,
-        text=True,
-        timeout=1100,
-    )
-    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    return IMAGE
-
-
-def _host_env() -> dict[str, str]:
-    # The build is an operator's: none of this test run's server settings leak into it.
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "DJANGO"))}
+    return build_image()
 
 
 @pytest.fixture
