@@ -29,6 +29,12 @@ else
     die "make image needs podman or docker (Debian: apt-get install podman runc debootstrap)"
 fi
 
+# One build at a time per checkout (the suite's image tests may start two): the second waits
+# and then finds the base and the layers made.
+mkdir -p var/image
+exec 9>var/image/build.lock
+flock 9
+
 have_image() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
 
 # This machine's Debian mirror (apt's first non-security source), so the base comes from where
@@ -53,7 +59,6 @@ build_debian_base() {
     fi
     mirror=${mirror:-http://deb.debian.org/debian}
     security=${security:-http://deb.debian.org/debian-security}
-    mkdir -p var/image
     root=$(mktemp -d var/image/rootfs.XXXXXX)
     trap 'rm -rf "$root"' EXIT
     say "no registry answers for $DEFAULT_BASE: building a Debian bookworm base from $mirror"
