@@ -32,8 +32,10 @@ fi
 # One build at a time per checkout (the suite's image tests may start two): the second waits
 # and then finds the base and the layers made.
 mkdir -p var/image
-exec 9>var/image/build.lock
-flock 9
+if command -v flock >/dev/null 2>&1; then
+    exec 9>var/image/build.lock
+    flock 9
+fi
 
 have_image() { "$ENGINE" image inspect "$1" >/dev/null 2>&1; }
 
@@ -95,6 +97,12 @@ SRC
     say "imported $LOCAL_BASE"
 }
 
+pull_default() {  # a registry that drops packets would otherwise hang the build
+    local bounded=()
+    if command -v timeout >/dev/null 2>&1; then bounded=(timeout 120); fi
+    ${bounded[@]+"${bounded[@]}"} "$ENGINE" pull -q "$DEFAULT_BASE" >/dev/null 2>&1
+}
+
 # The base: one given, else the default if already here, else the Debian base built before,
 # else the default pulled, else a Debian base built now.
 if [ -n "${SLUICE_BASE_IMAGE:-}" ]; then
@@ -104,7 +112,7 @@ elif have_image "$DEFAULT_BASE"; then
     BASE=$DEFAULT_BASE
 elif have_image "$LOCAL_BASE"; then
     BASE=$LOCAL_BASE
-elif timeout 120 "$ENGINE" pull -q "$DEFAULT_BASE" >/dev/null 2>&1; then
+elif pull_default; then
     BASE=$DEFAULT_BASE
 else
     build_debian_base
