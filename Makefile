@@ -16,7 +16,7 @@ REQ_FILES := requirements.txt requirements-dev.txt client/pyproject.toml protoco
 REQ_HASH := $(shell cat $(REQ_FILES) | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.installed-$(REQ_HASH)
 
-.PHONY: run test test-unit lint bench fuzz soak venv
+.PHONY: run test test-unit lint bench fuzz soak venv image
 
 venv: $(STAMP)
 
@@ -78,3 +78,9 @@ soak: venv
 	DATABASE_URL="$${DATABASE_URL:-postgres://root@127.0.0.1:5432/test}" \
 	REDIS_URL="$${REDIS_URL:-redis://127.0.0.1:6379/0}" \
 	$(PY) benchmarks/overload.py --burst 2000 --check
+
+# The server's image, sluice:latest (Containerfile, compose.yaml, docs/deploy.md "With
+# containers"), with podman or docker. Needs no container registry: without one it builds its
+# base from Debian's packages (scripts/image.sh).
+image:
+	scripts/image.sh
