@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -329,6 +330,16 @@ class Command(BaseCommand):
 
         worker_ready.connect(announce, weak=False)
         app.steps["consumer"].add(Consuming)
+        if os.geteuid() == 0:
+            # Celery's own 8-line warning speaks of its --uid option, which this worker does not
+            # take; one line says what matters here.
+            from celery.exceptions import SecurityWarning
+
+            warnings.filterwarnings("ignore", category=SecurityWarning)
+            log.warning(
+                "running as root: --command-max-processes does not bind root and files that "
+                "commands write belong to root; run the worker as an unprivileged user"
+            )
         worker = app.Worker(
             queues=[queue],
             concurrency=slots,
