@@ -35,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from admission.completion import METRIC_BUCKETS_S, metrics_key, stream_key
 from admission.connections import sync_queue
 from admission.queue import worker_keys
-from dashboard.live import WorkerCard, live_cards, policy_ceilings
+from dashboard.live import WorkerCard, live_cards
 from workspaces.auth import bearer_token
 
 log = logging.getLogger("sluice.metrics")
@@ -149,6 +149,12 @@ class SluiceCollector:
                 lambda c: c.capacity,
             ),
             (
+                "sluice_queue_limit",
+                "WORKER_QUEUE_LIMIT in effect on the worker: its override, its tenant's, or the "
+                "global policy.",
+                lambda c: c.queue_limit,
+            ),
+            (
                 "sluice_queue_oldest_wait_seconds",
                 "How long the oldest waiting call has waited.",
                 lambda c: c.oldest_wait_ms / 1000,
@@ -159,12 +165,6 @@ class SluiceCollector:
             for card in cards:
                 family.add_metric([card.worker_id], value(card))
             yield family
-        limit = policy_ceilings()[1]  # the global row: a worker may have an override
-        yield GaugeMetricFamily(
-            "sluice_queue_limit",
-            "WORKER_QUEUE_LIMIT: calls a worker's queue admits at once.",
-            value=limit,
-        )
 
 
 def metrics_refusal(request: HttpRequest) -> tuple[int, str] | None:

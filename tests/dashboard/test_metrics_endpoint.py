@@ -51,7 +51,7 @@ def test_gauges_match_the_live_queue_on_every_api_process(
             assert value(samples, "sluice_queue_waiting", worker=w) == 2
             assert value(samples, "sluice_slot_capacity", worker=w) == 2
             assert value(samples, "sluice_worker_online", worker=w) == 1
-            assert value(samples, "sluice_queue_limit") == 32
+            assert value(samples, "sluice_queue_limit", worker=w) == 32
             assert 0 < value(samples, "sluice_queue_oldest_wait_seconds", worker=w) < 3
         timed_out = calls.send(read("a"), rid=request_id("metrics-timeout"), wait_ms=300)
         assert timed_out.status_code == 503
