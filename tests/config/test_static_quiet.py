@@ -47,4 +47,4 @@ def test_a_static_file_is_served_without_a_warning() -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert "Warning" not in done.stderr, done.stderr
+    assert "StreamingHttpResponse" not in done.stderr, done.stderr
