@@ -16,17 +16,15 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from livesupport import git, git_workspace
+from sandboxkit import Run, command_runner
 
-from workspaces.operations import Confinement, run_operation
 from workspaces.sandbox import Limits, Sandbox, worker_sandbox
 
-Run = Callable[..., dict[str, Any]]
 COMMIT = "git -c user.email=t@example.com -c user.name=t commit -q"
 
 
@@ -90,37 +88,14 @@ def sandbox(base_dir: Path, credentials: Path, repo: Path, other: Path) -> Sandb
     return _sandbox(base_dir, credentials, repo, other)
 
 
-def _runner(sandbox: Sandbox | None, repo: Path, *, network: bool = True) -> Run:
-    def _run(command: str, *, worktree: str | None = None, **fields: Any) -> dict[str, Any]:
-        root = repo / ".worktrees" / worktree if worktree else repo
-        request: dict[str, object] = {
-            "protocolVersion": 1,
-            "operation": "execute_command",
-            "workspaceId": "repo",
-            "command": command,
-            "cwd": "",
-            "timeoutMs": 30_000,
-            "maxOutputBytes": 256 * 1024,
-            **fields,
-        }
-        if worktree:
-            request["worktree"] = worktree
-        confinement = Confinement(sandbox, str(repo), network) if sandbox else None
-        return run_operation(
-            request, root=str(root), deadline=time.monotonic() + 60, confinement=confinement
-        )
-
-    return _run
-
-
 @pytest.fixture
 def boxed(sandbox: Sandbox, repo: Path) -> Run:
-    return _runner(sandbox, repo)
+    return command_runner(sandbox, repo)
 
 
 @pytest.fixture
 def bare(repo: Path) -> Run:
-    return _runner(None, repo)
+    return command_runner(None, repo)
 
 
 def _host_pids_running(token: str) -> list[int]:
@@ -322,15 +297,15 @@ def test_a_workspace_without_network_cannot_connect(
     connect = (
         f"{python} -c \"import socket; socket.create_connection(('127.0.0.1', {listener}), 2)\""
     )
-    assert _runner(sandbox, repo, network=True)(connect)["exitCode"] == 0
-    offline = _runner(sandbox, repo, network=False)(connect)
+    assert command_runner(sandbox, repo, network=True)(connect)["exitCode"] == 0
+    offline = command_runner(sandbox, repo, network=False)(connect)
     assert offline["exitCode"] == 1
     assert "ConnectionRefusedError" in offline["stderr"]
 
 
 def test_per_call_limits_apply(base_dir: Path, credentials: Path, repo: Path) -> None:
     limits = Limits(max_processes=64, max_file_bytes=1 << 20, max_address_space_bytes=1 << 30)
-    run = _runner(_sandbox(base_dir, credentials, repo, limits=limits), repo)
+    run = command_runner(_sandbox(base_dir, credentials, repo, limits=limits), repo)
     reported = run("ulimit -p; ulimit -f; ulimit -v")["stdout"].split()
     # dash reports the file limit in 512-byte blocks and address space in KiB.
     assert reported == ["64", str((1 << 20) // 512), str((1 << 30) // 1024)]
@@ -354,7 +329,7 @@ def test_workspaces_inside_the_hidden_code_base_still_run_as_make_run_lays_them_
     docs = git_workspace(base_dir / "var" / "demo" / "docs")
     (docs / "docs-only.txt").write_text("DOCS-ONLY\n")
     sandbox = _sandbox(base_dir, credentials, app, docs)
-    run = _runner(sandbox, Path(os.path.realpath(app)))
+    run = command_runner(sandbox, Path(os.path.realpath(app)))
     result = run(
         "touch made-here && ls ../docs 2>&1; cat ../../local-secret-key 2>&1;"
         " touch ../../planted 2>&1; git status --short"
@@ -378,7 +353,7 @@ def test_a_shared_directory_is_writable_to_every_call_and_nothing_else_is(
         credential_files=[str(credentials)],
         shared_dirs=[str(cache)],
     )
-    run = _runner(sandbox, repo)
+    run = command_runner(sandbox, repo)
     assert run(f"echo warm > {cache}/entry")["exitCode"] == 0
     assert run(f"cat {cache}/entry")["stdout"] == "warm\n"
     assert (cache / "entry").read_text() == "warm\n"
@@ -400,7 +375,7 @@ def test_another_workspace_inside_a_shared_directory_stays_hidden(
         credential_files=[str(credentials)],
         shared_dirs=[str(shared)],
     )
-    run = _runner(sandbox, Path(os.path.realpath(mine)))
+    run = command_runner(sandbox, Path(os.path.realpath(mine)))
     result = run(f"echo log >> {shared}/log; cat {theirs}/theirs.txt; touch {theirs}/planted")
     assert (shared / "log").read_text() == "log\n"
     assert "THEIRS" not in result["stdout"]

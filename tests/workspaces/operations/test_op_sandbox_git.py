@@ -15,20 +15,18 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from livesupport import git, git_workspace, wait_until
+from sandboxkit import Run, command_runner
 
 from scripts.devdemo import demo_lane
 from workspaces.hostgit import run_git
-from workspaces.operations import Confinement, run_operation
 from workspaces.sandbox import Sandbox, worker_sandbox
 
-Run = Callable[..., dict[str, Any]]
 COMMIT = "git -c user.email=t@example.com -c user.name=t commit -q"
 
 
@@ -52,36 +50,14 @@ def sandbox(scratch: Path, repo: Path) -> Sandbox:
     return worker_sandbox(base_dir=str(scratch / "code"), workspace_roots=[str(repo)])
 
 
-def _runner(sandbox: Sandbox | None, repo: Path) -> Run:
-    def _run(command: str, *, worktree: str | None = None) -> dict[str, Any]:
-        request: dict[str, object] = {
-            "protocolVersion": 1,
-            "operation": "execute_command",
-            "workspaceId": "repo",
-            "command": command,
-            "cwd": "",
-            "timeoutMs": 30_000,
-            "maxOutputBytes": 256 * 1024,
-        }
-        if worktree:
-            request["worktree"] = worktree
-        root = repo / ".worktrees" / worktree if worktree else repo
-        confinement = Confinement(sandbox, str(repo)) if sandbox else None
-        return run_operation(
-            request, root=str(root), deadline=time.monotonic() + 60, confinement=confinement
-        )
-
-    return _run
-
-
 @pytest.fixture
 def boxed(sandbox: Sandbox, repo: Path) -> Run:
-    return _runner(sandbox, repo)
+    return command_runner(sandbox, repo)
 
 
 @pytest.fixture
 def bare(repo: Path) -> Run:
-    return _runner(None, repo)
+    return command_runner(None, repo)
 
 
 def _snapshot(*roots: Path) -> dict[str, bytes | None]:
