@@ -4,7 +4,8 @@ Cancelling the task that awaits `execute` stops a wait at once and aborts an in-
 request (httpx closes the connection, so Sluice drops the waiting call); the task then ends
 with `asyncio.CancelledError` as asyncio expects, never with a swallowed cancellation. For
 callers that prefer a flag, `cancel=` also takes an `asyncio.Event`, which ends the call
-with `WorkspaceToolError(reason="cancelled")` instead.
+with `WorkspaceToolError(reason="cancelled")` instead; it first asks Sluice to drop the call
+(DELETE by its request id), so a call that only waited is reported as not started.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from sluice_client.durable_answers import (
     DEFAULT_POLL_INTERVAL_MS,
     SUBMIT_PATH,
     TRANSPORT_TIMEOUT_MS,
+    WITHDRAW_TIMEOUT_MS,
     DurableMode,
     cancelled_before_submit,
     check_durable_mode,
@@ -67,28 +69,42 @@ T = TypeVar("T")
 
 
 class _Aborted(Exception):
-    """The cancel event fired while the call was waiting or in flight."""
+    """The cancel event fired while the call was waiting or in flight; `withdrawn` is Sluice's
+    answer to the DELETE sent for it first, if one was."""
+
+    def __init__(self, withdrawn: str | None = None) -> None:
+        super().__init__(withdrawn)
+        self.withdrawn = withdrawn
 
 
-async def _unless_cancelled(work: Awaitable[T], cancel: asyncio.Event | None) -> T:
-    """Await `work`, or abort it as soon as `cancel` is set (then raise _Aborted)."""
+async def _unless_cancelled(
+    work: Awaitable[T],
+    cancel: asyncio.Event | None,
+    withdraw: Callable[[], Awaitable[str | None]] | None = None,
+) -> T:
+    """Await `work`, or abort it as soon as `cancel` is set (then raise _Aborted). `withdraw`
+    runs before the abort, so a call Sluice drops unstarted is known as such."""
     if cancel is None:
         return await work
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(cancel.wait())
+    withdrawn, aborted = None, False
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if withdraw is not None and not task.done():
+            # Once asked, the call counts as cancelled even if its answer lands meanwhile.
+            withdrawn, aborted = await withdraw(), True
     finally:
         watcher.cancel()
-        aborted = not task.done()
-        if aborted:
+        if not task.done():
+            aborted = True
             task.cancel()
             # Let the attempt close its connection before the caller hears of the cancel;
             # whatever it raises while being torn down is moot.
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
     if aborted:
-        raise _Aborted
+        raise _Aborted(withdrawn)
     return task.result()
 
 
@@ -185,10 +201,12 @@ class AsyncClient(OperationHelpers[Awaitable[dict[str, Any]]]):
             policy.sent()
             try:
                 response = await _unless_cancelled(
-                    self._send("POST", EXECUTE_PATH, call.body, headers, plan.timeout_ms), cancel
+                    self._send("POST", EXECUTE_PATH, call.body, headers, plan.timeout_ms),
+                    cancel,
+                    lambda: self._withdraw(call.request_id, WITHDRAW_TIMEOUT_MS),
                 )
-            except _Aborted:
-                raise policy.cancelled(in_flight=True).error from None
+            except _Aborted as aborted:
+                raise policy.cancelled(in_flight=True, withdrawn=aborted.withdrawn).error from None
             except httpx.HTTPError as exc:
                 raise policy.on_transport_error(exc).error from exc
             decision = policy.on_response(
@@ -294,10 +312,12 @@ class AsyncClient(OperationHelpers[Awaitable[dict[str, Any]]]):
             return policy.on_transport_error(exc, now_ms=self._now_ms())
         return policy.on_answer(response, now_ms=self._now_ms(), wall_now_s=self._wall_clock())
 
-    async def _withdraw(self, request_id: str) -> str | None:
+    async def _withdraw(
+        self, request_id: str, timeout_ms: int = TRANSPORT_TIMEOUT_MS
+    ) -> str | None:
         """DELETE a call nobody will wait for; its answer, or None when that failed."""
         try:
-            return await self.cancel_request(request_id, timeout_ms=TRANSPORT_TIMEOUT_MS)
+            return await self.cancel_request(request_id, timeout_ms=timeout_ms)
         except WorkspaceToolError:
             return None
 

@@ -22,6 +22,8 @@ MAX_POLL_INTERVAL_MS = 30_000
 # Each durable HTTP request only asks or tells; none waits for the operation, so a short
 # ceiling keeps every one of them far below a proxy's cut (~100 s).
 TRANSPORT_TIMEOUT_MS = 10_000
+# How long a cancel waits to learn whether Sluice dropped its in-flight call unstarted.
+WITHDRAW_TIMEOUT_MS = 2_000
 
 DurableMode = bool | Literal["auto"]
 States = Literal["queued", "admitted", "completed", "failed", "cancelled"]

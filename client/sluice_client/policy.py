@@ -232,8 +232,15 @@ class CallPolicy:
             )
         )
 
-    def cancelled(self, *, in_flight: bool) -> Fail:
-        if in_flight:
+    def cancelled(self, *, in_flight: bool, withdrawn: str | None = None) -> Fail:
+        """`withdrawn`: Sluice's answer to the DELETE sent for an in-flight call, if any."""
+        # Sluice only answers "cancelled" for a call it dropped from its queue unstarted.
+        dropped = in_flight and withdrawn == "cancelled"
+        if dropped:
+            message = (
+                "The call was cancelled while it waited in the worker's queue; it was not started."
+            )
+        elif in_flight:
             message = may_have_run_message("The call was cancelled while its request was in flight")
         else:
             message = "The call was cancelled before its next request; no request was in flight."
@@ -241,9 +248,9 @@ class CallPolicy:
             WorkspaceToolError(
                 message,
                 reason="cancelled",
-                # Every earlier attempt was a typed rejection, so only an aborted send leaves
-                # the outcome open.
-                not_started=not in_flight,
+                # Every earlier attempt was a typed rejection, so only an aborted send that
+                # Sluice did not confirm as dropped leaves the outcome open.
+                not_started=dropped or not in_flight,
                 request_id=self._request_id,
                 attempts=self.attempts,
             )

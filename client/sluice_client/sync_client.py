@@ -2,10 +2,11 @@
 
 Cancellation uses a `threading.Event`. A wait stops the moment it is set. An in-flight
 request is aborted like this: when a cancel event is given, the attempt runs on a helper
-thread while the caller's thread watches the event (every 10 ms). On cancel, the caller gets
-the `cancelled` error at once, and the attempt's socket is shut down (`shutdown(SHUT_RDWR)`,
-which, unlike `close()`, wakes a thread blocked in `recv`). Sluice then sees the disconnect
-and drops the call from its queue. The socket is captured through httpx's `trace`
+thread while the caller's thread watches the event (every 10 ms). On cancel, the client first
+asks Sluice to drop the call (DELETE by its request id, at most 2 s), so that a call that only
+waited is reported as not started; then the attempt's socket is shut down
+(`shutdown(SHUT_RDWR)`, which, unlike `close()`, wakes a thread blocked in `recv`) and the
+caller gets the `cancelled` error. The socket is captured through httpx's `trace`
 extension when the connection is made; to make sure every attempt makes one, this client
 sends `Connection: close` and never reuses a connection. That costs a TCP (and TLS)
 handshake per attempt, small next to the waits this client exists for.
@@ -54,6 +55,7 @@ from sluice_client.durable_answers import (
     DEFAULT_POLL_INTERVAL_MS,
     SUBMIT_PATH,
     TRANSPORT_TIMEOUT_MS,
+    WITHDRAW_TIMEOUT_MS,
     DurableMode,
     cancelled_before_submit,
     check_durable_mode,
@@ -80,7 +82,12 @@ _SOCKET_EVENTS = frozenset(
 
 
 class _Aborted(Exception):
-    """The cancel event fired while a request was in flight."""
+    """The cancel event fired while a request was in flight; `withdrawn` is Sluice's answer
+    to the DELETE sent for it first, if one was."""
+
+    def __init__(self, withdrawn: str | None = None) -> None:
+        super().__init__(withdrawn)
+        self.withdrawn = withdrawn
 
 
 class _SocketAbort:
@@ -221,10 +228,16 @@ class Client(OperationHelpers[dict[str, Any]]):
             policy.sent()
             try:
                 response = self._send(
-                    "POST", EXECUTE_PATH, call.body, headers, plan.timeout_ms, cancel
+                    "POST",
+                    EXECUTE_PATH,
+                    call.body,
+                    headers,
+                    plan.timeout_ms,
+                    cancel,
+                    withdraw=call.request_id,
                 )
-            except _Aborted:
-                raise policy.cancelled(in_flight=True).error from None
+            except _Aborted as aborted:
+                raise policy.cancelled(in_flight=True, withdrawn=aborted.withdrawn).error from None
             except httpx.HTTPError as exc:
                 raise policy.on_transport_error(exc).error from exc
             decision = policy.on_response(
@@ -321,13 +334,13 @@ class Client(OperationHelpers[dict[str, Any]]):
             return policy.on_transport_error(exc, now_ms=self._now_ms())
         return policy.on_answer(response, now_ms=self._now_ms(), wall_now_s=self._wall_clock())
 
-    def _withdraw(self, request_id: str) -> str | None:
+    def _withdraw(self, request_id: str, timeout_ms: int = TRANSPORT_TIMEOUT_MS) -> str | None:
         """DELETE a call nobody will wait for; its answer, or None when that failed.
 
         Not tied to the cancel event: a cancelled call is exactly the one to withdraw.
         """
         try:
-            return self.cancel_request(request_id, timeout_ms=TRANSPORT_TIMEOUT_MS)
+            return self.cancel_request(request_id, timeout_ms=timeout_ms)
         except WorkspaceToolError:
             return None
 
@@ -392,7 +405,11 @@ class Client(OperationHelpers[dict[str, Any]]):
         headers: dict[str, str],
         timeout_ms: int,
         cancel: threading.Event | None,
+        *,
+        withdraw: str | None = None,
     ) -> RawResponse:
+        """One exchange; with `cancel`, aborted when it fires. `withdraw` names a request id
+        to DELETE before the socket is shut, so a call Sluice drops unstarted is known as such."""
         total_s = timeout_ms / 1000
         timeout = httpx.Timeout(total_s, connect=min(10.0, total_s))
         request = self._http.build_request(
@@ -416,8 +433,9 @@ class Client(OperationHelpers[dict[str, Any]]):
         threading.Thread(target=attempt, name="sluice-client-attempt", daemon=True).start()
         while not done.wait(_CANCEL_POLL_S):
             if cancel.is_set():
+                withdrawn = self._withdraw(withdraw, WITHDRAW_TIMEOUT_MS) if withdraw else None
                 abort.fire()
-                raise _Aborted
+                raise _Aborted(withdrawn)
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         return outcome[0]

@@ -92,7 +92,12 @@ def test_a_cancel_during_an_injected_sleep_stops_the_retry(sync_runner: Runner) 
     assert caught.value.reason == "cancelled" and len(sync_runner.script.sent) == 1
 
 
-def test_a_cancel_aborts_an_in_flight_request_at_once(sync_runner: Runner) -> None:
+@pytest.mark.parametrize(("state", "not_started"), [("running", False), ("cancelled", True)])
+def test_a_cancel_aborts_an_in_flight_request_at_once(
+    sync_runner: Runner, state: str, not_started: bool
+) -> None:
+    # Before the socket goes, the call is withdrawn: only Sluice's "cancelled" (dropped from
+    # its queue unstarted) makes the outcome known.
     cancel, release = threading.Event(), threading.Event()
 
     def stuck(request: httpx.Request) -> httpx.Response:
@@ -100,7 +105,7 @@ def test_a_cancel_aborts_an_in_flight_request_at_once(sync_runner: Runner) -> No
         release.wait(5)
         return httpx.Response(200, json={})
 
-    sync_runner.script.then(stuck)
+    sync_runner.script.then(stuck).then(httpx.Response(200, json={"state": state}))
     started = time.monotonic()
     try:
         with pytest.raises(WorkspaceToolError) as caught:
@@ -108,8 +113,11 @@ def test_a_cancel_aborts_an_in_flight_request_at_once(sync_runner: Runner) -> No
     finally:
         release.set()
     assert time.monotonic() - started < PROMPTLY_S
-    assert (caught.value.reason, caught.value.not_started) == ("cancelled", False)
-    assert len(sync_runner.script.sent) == 1
+    assert (caught.value.reason, caught.value.not_started) == ("cancelled", not_started)
+    assert ("may have run" in str(caught.value)) is not not_started
+    post, delete = sync_runner.script.sent
+    assert delete.request.method == "DELETE"
+    assert delete.request.url.path.endswith(post.headers["X-LibreChat-Workspace-Request-Id"])
 
 
 def test_a_cancel_shuts_the_real_socket_so_the_server_sees_the_disconnect(
@@ -188,8 +196,13 @@ def test_cancelling_the_task_aborts_an_in_flight_request() -> None:
     assert len(aborted) == 1
 
 
-def test_an_asyncio_event_aborts_an_in_flight_request_with_a_cancelled_error() -> None:
+@pytest.mark.parametrize(("state", "not_started"), [("running", False), ("cancelled", True)])
+def test_an_asyncio_event_aborts_an_in_flight_request_with_a_cancelled_error(
+    state: str, not_started: bool
+) -> None:
     async def stuck(request: httpx.Request) -> httpx.Response:
+        if request.method == "DELETE":
+            return httpx.Response(200, json={"state": state})
         cancel.set()
         await asyncio.sleep(60)
         return httpx.Response(500)
@@ -206,7 +219,7 @@ def test_an_asyncio_event_aborts_an_in_flight_request_with_a_cancelled_error() -
     started = time.monotonic()
     error = asyncio.run(main())
     assert time.monotonic() - started < PROMPTLY_S
-    assert (error.reason, error.not_started) == ("cancelled", False)
+    assert (error.reason, error.not_started) == ("cancelled", not_started)
 
 
 def test_an_asyncio_event_stops_a_wait_with_a_cancelled_error() -> None:
