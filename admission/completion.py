@@ -13,6 +13,7 @@ every API process, so any process can expose totals for all of them): see `metri
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -352,6 +353,44 @@ def expected_outage(exc: BaseException) -> bool:
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)
+
+
+# Rows emitted and not sent yet gather for ROW_GATHER_S, then go in one round trip: in a burst
+# the pipeline and the connection's turn are paid once per batch, not once per row.
+ROW_GATHER_S = 0.005
+_batch: list[CompletionDraft] = []
+_background: set[asyncio.Task[Any]] = set()
+
+
+def emit_row(draft: CompletionDraft, client: Any | None = None) -> None:
+    """The one way a call's completion row leaves this process: to the Redis stream (the
+    drainer lands it in Postgres), in the background, with the rows of the next ROW_GATHER_S.
+    `client`: the Redis client to write with (default: this process's admission client)."""
+    _batch.append(draft)
+    if len(_batch) == 1:
+        asyncio.get_running_loop().call_later(ROW_GATHER_S, _flush, client)
+
+
+async def emitted_rows_flush(timeout_s: float = 5.0) -> None:
+    """Write the rows gathered and not sent yet, and wait for them (a process about to stop)."""
+    _flush(None)
+    if _background:
+        await asyncio.wait(set(_background), timeout=timeout_s)
+
+
+def _flush(client: Any | None) -> None:
+    if not _batch:
+        return
+    if client is None:
+        from admission.connections import async_queue
+
+        client = async_queue().client
+    drafts = list(_batch)
+    _batch.clear()
+    # The task is kept referenced until it is done.
+    task = asyncio.get_running_loop().create_task(completion_emit_many(drafts, client))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 async def completion_emit(draft: CompletionDraft, client: Any) -> None:

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -73,6 +73,17 @@ class DurableExists(Exception):
         self.worker_id, self.entry_id = worker_id, entry_id
 
 
+class AdmissionHooks(Protocol):
+    """What the HTTP edge is told of one call's admission while it happens."""
+
+    def decided(self, policy: Policy) -> refusals.Refusal | None:
+        """The call's policy is read. A refusal returned answers the call before its rate limit:
+        it takes no unit and never enters the queue."""
+
+    def entered(self) -> None:
+        """The call is in its worker's queue, granted or waiting."""
+
+
 @dataclass
 class Call:
     caller: Caller
@@ -101,18 +112,8 @@ class Call:
     # when this process's view says the worker is offline or the queue refuses the call for an
     # incarnation that is no longer registered.
     refresh_target: Callable[[], Awaitable[Target | None]] | None = None
-    # Called once the call is in its worker's queue (granted or waiting): its caller's next
-    # call may then go through admission (api/burst.py's gate).
-    on_entered: Callable[[], None] | None = None
-    # Told the policy the call's admission is decided under, as soon as it is read (the edge
-    # learns the worker's queue limit from it).
-    on_policy: Callable[[Policy], None] | None = None
-    # Set by the edge when the call arrived with this many calls of its caller to its worker
-    # already in flight in this process, each holding or about to take a place in its queue:
-    # at or past the queue limit, it is refused as a full queue once its policy is read,
-    # taking no rate-limit unit and never entering (the queue is full by the time its turn
-    # would come).
-    in_flight_ahead: int | None = None
+    # What the HTTP edge is told as the call's admission goes on (AdmissionHooks).
+    hooks: AdmissionHooks | None = None
     # Set whenever a push for this call may have come (AsyncQueue.watching, from before it
     # entered); None: each wait watches for itself and looks first.
     woken: asyncio.Event | None = None
@@ -396,10 +397,6 @@ def workspace_offer_tokens(
     )
 
 
-# How long the answer to a call beyond its queue's limit (Call.in_flight_ahead) holds.
-BEYOND_HOLD_S = 1.0
-
-
 def call_budgets(request: dict[str, Any], header_ms: int, policy: Policy) -> tuple[int, int]:
     """(queue budget, exec budget) in ms: what the call may wait, and then run."""
     return (
@@ -426,24 +423,14 @@ async def call_execute(
         policy = call.policy = await apolicy_for(
             worker_id=call.worker_id, tenant_id=call.caller.tenant_id
         )
-        if call.on_policy is not None:
-            call.on_policy(policy)
         queue_ms, exec_ms = call_budgets(call.request, call.queue_wait_header_ms, policy)
         draft.describe(
             deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
         )
         queue_deadline = draft.started_monotonic + queue_ms / 1000
-        if call.in_flight_ahead is not None and call.in_flight_ahead >= policy.worker_queue_limit:
-            # Its caller's calls ahead of it in this process fill the queue (running ones
-            # count): the queue is full by the time its turn comes. Refused before its rate
-            # limit (it takes no unit, as the edge's answer to such a call takes none), which
-            # the edge gives the next calls that arrive beyond the limit (each checked on
-            # arrival) for up to BEYOND_HOLD_S.
-            raise refusals.queue_full(
-                call.worker_id,
-                policy.worker_queue_limit,
-                holds_until=clock.monotonic() + BEYOND_HOLD_S,
-            )
+        refused = call.hooks.decided(policy) if call.hooks is not None else None
+        if refused is not None:
+            raise refused
         await _rate_limit(call, policy, limiter, clock)
         if call.target is not None and not call.target.incarnation_id:
             # Offline as this process last saw it: a worker that registered again within the
@@ -624,8 +611,8 @@ async def _admitted_call(
     assert entered.ticket is not None  # granted or waiting: the script gave it one
     draft.entered(entered.ticket)
     call.entered.set()
-    if call.on_entered is not None:
-        call.on_entered()
+    if call.hooks is not None:
+        call.hooks.entered()
     waited = entered.grant is None
     if entered.grant is not None and entered.grant.dispatched:
         # From the grant on, the assignment may have reached the worker.

@@ -75,16 +75,16 @@ from django.http.request import split_domain_port, validate_host
 from django.utils.http import parse_header_parameters
 
 from admission import deadlines, refusals, shutdown
-from admission.completion import CompletionDraft
+from admission.completion import CompletionDraft, emit_row
 from admission.policy import Policy, version_read, version_seen
-from admission.services import BEYOND_HOLD_S, call_budgets, isolation_key_hash
+from admission.services import call_budgets, isolation_key_hash
 from api.workspace_tools import (
+    BEYOND_HOLD_S,
     PASSING,
     Holding,
     Passing,
     ReadCall,
     describe_headers,
-    emit_row,
     read_parts,
     rendered_refusal,
 )

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from sluice_protocol import ProtocolError, validate_request_id
 
 from admission import refusals
+from admission.completion import emit_row
 from admission.connections import async_queue
 from admission.durable import durable_status, durable_submit, request_not_found
 from admission.queue import dispatch_in_redis
@@ -35,7 +36,6 @@ from api.schema.answers import (
 )
 from api.schema.components import Capabilities, DurableStatus, execute_request
 from api.workspace_tools import WorkspaceToolsExecuteApi, WorkspaceToolsRequestCancelApi
-from api.workspace_tools import _emit as emit_row
 
 
 class CapabilitiesApi(AsyncApiView):
@@ -105,7 +105,7 @@ class DurableSubmitApi(WorkspaceToolsExecuteApi):
             if self.call is None:
                 # Gone before anything was queued: the row says so, as for execute.
                 self.draft.went_away_answered()
-                emit_row(self.draft, self.queue)
+                emit_row(self.draft, self.queue.client)
             # Otherwise the call carries on (its watcher task is not this request's) and
             # writes its own row; the client finds it under its request id.
             raise

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import io
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,7 +42,7 @@ from sluice_protocol import (
 
 from admission import refusals, shutdown
 from admission.callers import cached_resolve
-from admission.completion import CompletionDraft, completion_emit_many
+from admission.completion import CompletionDraft, emit_row, emitted_rows_flush
 from admission.connections import async_queue
 from admission.policy import Policy, acurrent_policy
 from admission.queue import AsyncQueue
@@ -78,13 +78,6 @@ log = logging.getLogger("sluice.admission")
 # A row whose response was never closed is written after this long.
 EMIT_FALLBACK_S = 1.0
 _pending: set[_Emission] = set()
-# Rows emitted and not sent yet: they gather for ROW_GATHER_S, then go in one round trip. One
-# row alone cost the loop 0.37-0.44 ms to send, one of 16 gathered 0.16 ms (the pipeline, the
-# connection's turn and the round trip are paid once per batch): in a burst, answered about
-# every 0.5 ms, the rows were most of the refusals' cost (docs/benchmarks.md).
-ROW_GATHER_S = 0.005
-_batch: list[CompletionDraft] = []
-_background: set[asyncio.Task[Any]] = set()
 # On a refusal, the body is looked at for the row's workspace and operation only up to this size.
 _FILL_BODY_MAX_BYTES = 64 * 1024
 _WORKSPACE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # the contract's workspaceId
@@ -128,13 +121,43 @@ READ_AT_EDGE = "sluice.read_at_edge"
 @dataclass(frozen=True)
 class Passing:
     """What the edge (api/burst.py) gives the view it starts for a call from its credential's
-    gate: see Call.on_entered, Call.on_policy and Call.in_flight_ahead."""
+    gate; the view hands it to admission, for its call's draft, as the call's AdmissionHooks."""
 
     entered: Callable[[], None]
     # The policy the call's admission is decided under, with the call's draft (its caller and
     # worker named): told as soon as the policy is read.
     decided: Callable[[CompletionDraft, Policy], None]
+    # Calls of its credential to its worker in flight here ahead of it, when they reach the
+    # queue's limit: the queue is full by the time its turn would come.
     in_flight_ahead: int | None = None
+
+
+@dataclass(frozen=True)
+class EdgeHooks:
+    """A call's AdmissionHooks from the edge's Passing."""
+
+    passing: Passing
+    draft: CompletionDraft
+
+    def decided(self, policy: Policy) -> Refusal | None:
+        self.passing.decided(self.draft, policy)
+        ahead = self.passing.in_flight_ahead
+        if ahead is None or ahead < policy.worker_queue_limit:
+            return None
+        # Refused before its rate limit (no unit taken, as the edge's answer to such a call
+        # takes none); the edge gives the next such calls this answer for BEYOND_HOLD_S.
+        return refusals.queue_full(
+            self.draft.worker_id,
+            policy.worker_queue_limit,
+            holds_until=time.monotonic() + BEYOND_HOLD_S,
+        )
+
+    def entered(self) -> None:
+        self.passing.entered()
+
+
+# How long the answer to a call beyond its queue's limit (Passing.in_flight_ahead) holds.
+BEYOND_HOLD_S = 1.0
 
 
 PASSING: contextvars.ContextVar[Passing | None] = contextvars.ContextVar(
@@ -397,9 +420,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
             draft=self.draft,
             target=self.resolved.target,
             refresh_target=self.refresh_target,
-            on_entered=passing.entered if passing else None,
-            on_policy=functools.partial(passing.decided, self.draft) if passing else None,
-            in_flight_ahead=passing.in_flight_ahead if passing else None,
+            hooks=EdgeHooks(passing, self.draft) if passing else None,
         )
         result = await call_execute(
             self.call,
@@ -456,7 +477,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         except asyncio.CancelledError:
             # The client went away; the row says so.
             self.draft.went_away_answered()
-            _emit(self.draft, self.queue)
+            emit_row(self.draft, self.queue.client)
             raise
 
 
@@ -471,7 +492,7 @@ class _Emission:
     def __call__(self) -> None:
         if self in _pending:
             _pending.discard(self)
-            _emit(self.draft, self.queue)
+            emit_row(self.draft, self.queue.client)
 
 
 def execute_abandoned(request: HttpRequest) -> None:
@@ -481,39 +502,14 @@ def execute_abandoned(request: HttpRequest) -> None:
     draft = CompletionDraft()
     _fill_known(request, draft)
     draft.went_away_answered()
-    _emit(draft, async_queue())
+    emit_row(draft)
 
 
 async def emissions_flush(timeout_s: float = 5.0) -> None:
     """Write the rows not written yet and wait for them (a process about to stop)."""
     for emission in list(_pending):
         emission()
-    _flush(async_queue())
-    if _background:
-        await asyncio.wait(set(_background), timeout=timeout_s)
-
-
-def emit_row(draft: CompletionDraft) -> None:
-    """Write a call's completion row (on its way to Redis, then Postgres), in the background."""
-    _emit(draft, async_queue())
-
-
-def _emit(draft: CompletionDraft, queue: AsyncQueue) -> None:
-    # The rows of the next ROW_GATHER_S go in one round trip (a burst's many at once).
-    _batch.append(draft)
-    if len(_batch) == 1:
-        asyncio.get_running_loop().call_later(ROW_GATHER_S, _flush, queue)
-
-
-def _flush(queue: AsyncQueue) -> None:
-    if not _batch:
-        return
-    drafts = list(_batch)
-    _batch.clear()
-    # The task is kept referenced until it is done.
-    task = asyncio.get_running_loop().create_task(completion_emit_many(drafts, queue.client))
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    await emitted_rows_flush(timeout_s)
 
 
 class WorkspaceToolsRequestCancelApi(AsyncApiView):

@@ -135,20 +135,20 @@ def test_counters_that_missed_the_hash_ride_along_with_the_next_batch_once() -> 
 def test_rows_emitted_close_together_go_in_one_round_trip(monkeypatch: Any) -> None:
     """Rows gather for ROW_GATHER_S before one write (here an hour: none goes by itself), and a
     process about to stop writes what has gathered at once."""
-    monkeypatch.setattr(views, "ROW_GATHER_S", 3600.0)
+    monkeypatch.setattr(completion, "ROW_GATHER_S", 3600.0)
     writes: list[int] = []
-    real = views.completion_emit_many
+    real = completion.completion_emit_many
 
     async def counting(drafts: list[CompletionDraft], client: Any) -> None:
         writes.append(len(drafts))
         await real(drafts, client)
 
-    monkeypatch.setattr(views, "completion_emit_many", counting)
+    monkeypatch.setattr(completion, "completion_emit_many", counting)
     drafts = [refused_draft() for _ in range(3)]
 
     async def run() -> None:
         for draft in drafts:
-            views.emit_row(draft)
+            completion.emit_row(draft)
         for _ in range(3):
             await asyncio.sleep(0)
         assert writes == []  # still gathering
@@ -161,7 +161,7 @@ def test_rows_emitted_close_together_go_in_one_round_trip(monkeypatch: Any) -> N
 
 def test_a_gathered_row_is_written_by_itself_when_its_window_ends(monkeypatch: Any) -> None:
     draft = refused_draft()
-    real = views.completion_emit_many
+    real = completion.completion_emit_many
 
     async def run() -> None:
         written = asyncio.Event()
@@ -170,8 +170,8 @@ def test_a_gathered_row_is_written_by_itself_when_its_window_ends(monkeypatch: A
             await real(drafts, client)
             written.set()
 
-        monkeypatch.setattr(views, "completion_emit_many", signalling)
-        views.emit_row(draft)
+        monkeypatch.setattr(completion, "completion_emit_many", signalling)
+        completion.emit_row(draft)
         await asyncio.wait_for(written.wait(), timeout=10)  # nobody flushes: the timer does
 
     asyncio.run(run())
