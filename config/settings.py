@@ -138,7 +138,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Redis: the Celery broker, and (unless split out) admission, rate limits and the log buffer.
 REDIS_URL = env_str("REDIS_URL", _instance.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-ADMISSION_REDIS_URL = env_str("ADMISSION_REDIS_URL", REDIS_URL)
+ADMISSION_REDIS_URL = env_str(
+    "ADMISSION_REDIS_URL", _instance.get("ADMISSION_REDIS_URL", REDIS_URL)
+)
 # On: ADMISSION_REDIS_URL names any one node of a Redis Cluster (the clients find the rest).
 # The Celery broker (REDIS_URL / CELERY_BROKER_URL) stays a plain Redis either way.
 ADMISSION_REDIS_CLUSTER = env_bool("ADMISSION_REDIS_CLUSTER", False)
@@ -147,7 +149,7 @@ ADMISSION_REDIS_CLUSTER = env_bool("ADMISSION_REDIS_CLUSTER", False)
 # cannot do ACLs: then every worker holds the deployment's REDIS_URL (docs/security.md).
 SLUICE_WORKER_REDIS_ACL = env_bool("SLUICE_WORKER_REDIS_ACL", True)
 # Every key Sluice writes starts with this; tests give each run its own.
-REDIS_KEY_PREFIX = env_str("SLUICE_REDIS_PREFIX", "sluice:")
+REDIS_KEY_PREFIX = env_str("SLUICE_REDIS_PREFIX", _instance.get("SLUICE_REDIS_PREFIX", "sluice:"))
 
 # Django's own cache, on Redis through django-redis: admin sessions (cached_db: Postgres keeps
 # them through a Redis restart) and what Django caches for the admin. Admission's scripts keep

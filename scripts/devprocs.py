@@ -181,8 +181,10 @@ def record_instance(env: dict[str, str]) -> None:
         "DATABASE_URL": env["DATABASE_URL"],
         "REDIS_URL": env["REDIS_URL"],
     }
-    if env.get("ADMISSION_REDIS_URL"):
-        lines["ADMISSION_REDIS_URL"] = env["ADMISSION_REDIS_URL"]
+    # An operator command must find the run's keys too: the same admission Redis and prefix.
+    for name in ("ADMISSION_REDIS_URL", "SLUICE_REDIS_PREFIX"):
+        if env.get(name):
+            lines[name] = env[name]
     if not env.get("SECRET_KEY"):
         # The API uses the checkout's local key (var/local-secret-key); so may commands.
         lines["SLUICE_LOCAL_SECRET"] = "1"

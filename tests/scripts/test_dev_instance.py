@@ -176,6 +176,14 @@ def test_operator_commands_reach_the_running_instance_and_a_second_start_refuses
         assert first.alive()
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
 
+        # Operator commands use the run's Redis keys, not the default prefix's.
+        seen = operator(
+            checkout,
+            "shell",
+            "-c",
+            "from django.conf import settings; print(settings.REDIS_KEY_PREFIX)",
+        )
+        assert seen.stdout.splitlines()[-1].startswith("test-devrun-"), seen.stderr
         done = operator(checkout, "set_policy", "WORKER_QUEUE_LIMIT=7")
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "WORKER_QUEUE_LIMIT=7"
