@@ -307,7 +307,7 @@ def main() -> None:
         attach(DB_NAME)
         until = reused_until()
     else:
-        harness.prepare(DB_NAME)
+        harness.prepare(DB_NAME, shared=True)
         until, load_s = load(args.rows, args.days)
         print(
             f"loaded {args.rows:,} rows over {args.days:g} d in {load_s:.1f} s "

@@ -6,6 +6,8 @@ and gives the run its own SLUICE_REDIS_PREFIX, then sets Django up in this proce
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import statistics
 import sys
@@ -17,15 +19,31 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
+def _drop(name: str) -> None:
+    import psycopg
+    from django.db import connections
+
+    connections.close_all()
+    admin_url = _database_url("postgres").replace("postgres://", "postgresql://")
+    with contextlib.suppress(psycopg.Error), psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def _database_url(name: str) -> str:
     base = os.environ.get("DATABASE_URL", "postgres://root@127.0.0.1:5432/test")
     return base.rsplit("/", 1)[0] + "/" + name
 
 
-def prepare(name: str = "sluice_bench", **env: str) -> dict[str, str]:
-    """Recreate database `name`, migrate it, set Django up here; returns the children's env."""
+def prepare(name: str = "sluice_bench", *, shared: bool = False, **env: str) -> dict[str, str]:
+    """Recreate database `name`, migrate it, set Django up here; returns the children's env.
+    Unless `shared` (a database kept between runs on purpose), the name gets this run's pid and
+    the database is dropped at exit: benchmarks run side by side in several checkouts never
+    drop each other's database."""
     import psycopg
 
+    if not shared:
+        name = f"{name}_{os.getpid()}"
+        atexit.register(_drop, name)
     admin_url = _database_url("postgres")
     with psycopg.connect(
         admin_url.replace("postgres://", "postgresql://"), autocommit=True
