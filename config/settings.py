@@ -177,6 +177,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "global_keyprefix": REDIS_KEY_PREFIX + "celery:",
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker waits out a Redis outage of any length (Celery's default gives up after 100 tries,
+# about 200 s with the worker's quick reconnect, and the worker then exits for good).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

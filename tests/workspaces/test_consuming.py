@@ -229,3 +229,11 @@ def test_the_consumer_retries_the_broker_every_few_seconds_not_kombus_30(
     start, step = RECONNECT_SCHEDULE_S["interval_start"], RECONNECT_SCHEDULE_S["interval_step"]
     assert [float(w) for w in waits] == [start, start + step]
     assert RECONNECT_SCHEDULE_S["interval_max"] <= 2.0
+
+
+def test_the_worker_retries_the_broker_for_as_long_as_redis_is_away() -> None:
+    """kombu's ensure_connection retries forever when max_retries is None; Celery's default of
+    100 tries ends a worker after about 200 s of Redis outage at the quick reconnect's pace."""
+    from config.celery import app
+
+    assert app.conf.broker_connection_max_retries is None
