@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 from admission.dbthread import in_db_thread
 from admission.models import AdmissionPolicy, PolicyOverride
 from admission.ratelimit import RatePolicy
+from workspaces import outages
 from workspaces.models import Tenant, Worker
 
 # set_policy KEY -> policy row field. The keys are the contract's environment names.
@@ -135,8 +136,8 @@ def policy_version() -> int | None:
     """The current version (Django's cache); None when it cannot be read."""
     try:
         return _decoded(cache.get(VERSION_KEY))
-    except (RedisError, OSError, ValueError):
-        log.warning("policy version unreadable; re-reading the policy from Postgres", exc_info=True)
+    except (RedisError, OSError, ValueError) as exc:
+        outages.warn(log, "policy version unreadable; re-reading the policy from Postgres", exc)
         return None
 
 
@@ -188,8 +189,8 @@ async def apolicy_version() -> int | None:
     global _version_seen
     try:
         version = _decoded(await _version_client().get(cache.make_and_validate_key(VERSION_KEY)))
-    except (RedisError, OSError, ValueError):
-        log.warning("policy version unreadable; re-reading the policy from Postgres", exc_info=True)
+    except (RedisError, OSError, ValueError) as exc:
+        outages.warn(log, "policy version unreadable; re-reading the policy from Postgres", exc)
         _version_read.set(None)
         return None
     _version_seen = (version, time.monotonic())
@@ -201,9 +202,9 @@ def policy_changed() -> None:
     """Every API process reloads the policy on its next call (this one at once)."""
     try:
         cache.set(VERSION_KEY, secrets.randbits(62), timeout=VERSION_TTL_S)
-    except (RedisError, OSError):
+    except (RedisError, OSError) as exc:
         # Then the others see the change within POLICY_FALLBACK_S of finding the cache again.
-        log.warning("could not bump the policy version", exc_info=True)
+        outages.warn(log, "could not bump the policy version", exc)
     forget_cached_policy()
 
 

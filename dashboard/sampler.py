@@ -37,6 +37,7 @@ from dashboard.models import (
     WorkerEvent,
 )
 from dashboard.rollup import Rollup
+from workspaces import outages
 from workspaces.models import Worker
 
 log = logging.getLogger("sluice.dashboard.sampler")
@@ -148,9 +149,9 @@ class QueueDepthSampler(threading.Thread):
                         older_than_days=settings.COMPLETION_RETENTION_DAYS, now=self.clock()
                     )
                     prune_at = started + self.prune_period_s
-            except Exception:
+            except Exception as exc:
                 # Postgres or Redis is away: this tick's samples are lost, the next one tries.
-                log.warning("queue-depth sample failed", exc_info=True)
+                outages.warn(log, "queue-depth sample failed", exc)
             self.stopping.wait(max(0.0, self.period_s - (time.monotonic() - started)))
         connection.close()  # this thread's own connection
 

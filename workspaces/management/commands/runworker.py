@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from admission.connections import sync_queue
 from config.celery import app
+from workspaces import outages
 from workspaces.operations.command import OWNER_ENV
 from workspaces.runtime import state as worker_state
 from workspaces.runtime.config import (
@@ -416,5 +417,5 @@ class Command(BaseCommand):
                 )
             try:
                 state.sync_clock()
-            except Exception:
-                log.warning("could not read the Redis clock", exc_info=True)
+            except Exception as exc:
+                outages.warn(log, "could not read the Redis clock", exc)
