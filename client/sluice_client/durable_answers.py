@@ -91,7 +91,7 @@ def probe_outcome(
         return False
     if response.status == 200:
         payload = _json_object(response)
-        version = payload.get("durableWorkspaceRequests") if payload is not None else None
+        version: object = payload.get("durableWorkspaceRequests") if payload is not None else None
         if version in (0, 1) and not isinstance(version, bool):
             return version == 1
         what = "a capabilities answer without durableWorkspaceRequests 0 or 1"

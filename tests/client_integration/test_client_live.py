@@ -481,7 +481,7 @@ def test_cancelling_an_async_call_frees_its_place_within_a_second_and_it_never_r
     def queued(n: int) -> Any:
         return asyncio.to_thread(until, lambda: len(held(owner.worker_id)) == n)
 
-    async def scenario() -> tuple[BaseException | None, float, dict[str, Any]]:
+    async def scenario() -> tuple[dict[str, Any] | BaseException, float, dict[str, Any]]:
         async with AsyncClient(api.url, api_key=owner.api_key, worker_id=owner.worker_id) as sluice:
             blocker = asyncio.create_task(sluice.execute_command("ws", "sleep 2.5; echo ran"))
             await queued(1)
