@@ -127,14 +127,7 @@ class AsyncClient(ClientCore, OperationHelpers[Coroutine[Any, Any, dict[str, Any
         **budgets: Any,
     ) -> dict[str, Any]:
         """Run one operation; see `Client.execute`."""
-        flow = self._execute(
-            request,
-            deadline=deadline,
-            cancel=cancel,
-            request_id=request_id,
-            durable=durable,
-            budgets=budgets,
-        )
+        flow = self._execute(request, deadline, cancel, request_id, durable, budgets)
         return await self._drive(flow, cancel)
 
     async def cancel_request(self, request_id: str, *, timeout_ms: int = 30_000) -> str:

@@ -110,13 +110,13 @@ class ClientCore:
     def _execute(
         self,
         request: Mapping[str, Any],
-        *,
         deadline: float | None,
         cancel: CancelFlag | None,
         request_id: str | None,
         durable: DurableMode | None,
         budgets: Mapping[str, Any],
     ) -> Flow[dict[str, Any]]:
+        """The arguments of `Client.execute`, with `budgets` the per-call overrides."""
         call = prepare_call(
             request, budgets=self._budgets, overrides=budgets, request_id=request_id
         )

@@ -155,14 +155,7 @@ class Client(ClientCore, OperationHelpers[dict[str, Any]]):
         `cancel_request`; one is generated when absent. `durable` overrides the client's
         mode for this call (True, False or "auto").
         """
-        flow = self._execute(
-            request,
-            deadline=deadline,
-            cancel=cancel,
-            request_id=request_id,
-            durable=durable,
-            budgets=budgets,
-        )
+        flow = self._execute(request, deadline, cancel, request_id, durable, budgets)
         return self._drive(flow, cancel)
 
     def cancel_request(self, request_id: str, *, timeout_ms: int = 30_000) -> str:
