@@ -390,8 +390,12 @@ def test_a_cli_call_waiting_in_the_queue_is_cancelled_by_the_cli_and_exits_2(
     common = ["--url", api.url, "--key", owner.api_key, "--worker", owner.worker_id]
     marker = tmp_path / "never"
     request_id = f"cli-{uuid.uuid4().hex}"
+    # The blocker holds the slot until the test lets it go, however slowly the second CLI
+    # process starts on a loaded machine.
+    release = tmp_path / "release"
+    hold = f"while [ ! -e {shlex.quote(str(release))} ]; do sleep 0.05; done"
 
-    blocker = cli(*common, "execute_command", "--workspace", "ws", "--command", "sleep 2.5")
+    blocker = cli(*common, "execute_command", "--workspace", "ws", "--command", hold)
     until(lambda: len(held(owner.worker_id)) == 1)
     waiting = cli(
         *common, "--request-id", request_id,
@@ -411,6 +415,7 @@ def test_a_cli_call_waiting_in_the_queue_is_cancelled_by_the_cli_and_exits_2(
     )
     assert error["attempts"] == 1 and error["not_started"] is True
 
+    release.touch()
     code, out, err = finish(blocker)
     assert code == 0 and json.loads(out)["exitCode"] == 0, err
     until(lambda: held(owner.worker_id) == [])
