@@ -51,7 +51,7 @@ test-unit: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy config api workspaces admission dashboard tests scripts
+	$(VENV)/bin/mypy config api workspaces admission dashboard tests scripts client protocol
 	$(VENV)/bin/lint-imports
 
 bench: venv

@@ -131,7 +131,7 @@ class DurablePolicy:
     def attempts(self) -> int:
         return self._call.attempts if self._call is not None else 0
 
-    def first(self, *, now_ms: int) -> Submit | Fail:
+    def first(self, *, now_ms: int) -> Submit | Fail | Abandon:
         remaining = None if self._caller_deadline_ms is None else self._caller_deadline_ms - now_ms
         queue_wait_ms = self._horizon_ms
         if remaining is not None:
@@ -328,14 +328,14 @@ class DurablePolicy:
             )
         return self._wait(self._poll_ms, then="lookup", now_ms=now_ms)
 
-    def _submit(self, now_ms: int) -> Submit | Abandon:
+    def _submit(self, now_ms: int) -> Submit | Fail | Abandon:
         timeout_ms = self._timeout(now_ms)
         if timeout_ms is None:
             return self._timed_out()
         self._outstanding = "submit"
         return Submit(AttemptPlan(queue_wait_ms=self._queue_wait_ms, timeout_ms=timeout_ms))
 
-    def _lookup(self, now_ms: int) -> Lookup | Abandon:
+    def _lookup(self, now_ms: int) -> Lookup | Fail | Abandon:
         timeout_ms = self._timeout(now_ms)
         if timeout_ms is None:
             return self._timed_out()
@@ -348,7 +348,7 @@ class DurablePolicy:
 
     def _wait(
         self, wait_ms: int, *, then: Literal["submit", "lookup"], now_ms: int
-    ) -> Wait | Abandon:
+    ) -> Wait | Fail | Abandon:
         if now_ms >= self._deadline_ms:
             return self._timed_out()
         self._outstanding = None

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sluice_protocol import worker_error_status
 
 from sluice_client.errors import WorkspaceToolError, may_have_run_message, rejected_message
-from sluice_client.responses import RawResponse, Rejection, classify
+from sluice_client.responses import RawResponse, Rejection, classify, json_object
 
 CAPABILITIES_PATH = "/v1/workspace-tools/capabilities"
 SUBMIT_PATH = "/v1/workspace-tools/requests"
@@ -90,8 +90,8 @@ def probe_outcome(
     if response.status == 404:
         return False
     if response.status == 200:
-        payload = _json_object(response)
-        version = payload.get("durableWorkspaceRequests") if payload is not None else None
+        payload = json_object(response)
+        version: object = payload.get("durableWorkspaceRequests") if payload is not None else None
         if version in (0, 1) and not isinstance(version, bool):
             return version == 1
         what = "a capabilities answer without durableWorkspaceRequests 0 or 1"
@@ -167,19 +167,9 @@ class Status:
     message: str
 
 
-def _json_object(response: RawResponse) -> dict[str, Any] | None:
-    if response.truncated:
-        return None
-    try:
-        payload = json.loads(response.body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
 def parse_status(response: RawResponse, request_id: str) -> Status | None:
     """A status for *this* request, or None: another id's status is as bad as garbage."""
-    payload = _json_object(response)
+    payload = json_object(response)
     if payload is None or payload.get("requestId") != request_id:
         return None
     state = payload.get("state")

@@ -155,7 +155,8 @@ def _body_retry_after_ms(payload: Mapping[str, Any]) -> int | None:
     return math.ceil(seconds * 1000)
 
 
-def _json_object(response: RawResponse) -> dict[str, Any] | None:
+def json_object(response: RawResponse) -> dict[str, Any] | None:
+    """The body as a JSON object; None when it is cut off, not JSON, or not an object."""
     if response.truncated:
         return None
     try:
@@ -169,7 +170,7 @@ def classify(
     response: RawResponse, *, wall_now_s: float, request_id: str | None
 ) -> dict[str, Any] | Rejection | WorkspaceToolError:
     """Turn an answer into a result (unvalidated), a typed rejection, or a final error."""
-    payload = _json_object(response)
+    payload = json_object(response)
     status = response.status
     if status == 200:
         if payload is None:
@@ -231,7 +232,7 @@ def _unknown(
 
 def cancel_state(response: RawResponse, *, request_id: str) -> str | WorkspaceToolError:
     """The answer to DELETE .../requests/<id>: "cancelled", "running" or "finished"."""
-    payload = _json_object(response)
+    payload = json_object(response)
     state = payload.get("state") if payload is not None else None
     if response.status == 200 and state in ("cancelled", "running", "finished"):
         return str(state)

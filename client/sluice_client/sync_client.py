@@ -1,4 +1,4 @@
-"""The blocking client: an I/O shell around `CallPolicy`.
+"""The blocking client: carries out the I/O of the flows in `core.py`, and nothing else.
 
 Cancellation uses a `threading.Event`. A wait stops the moment it is set. An in-flight
 request is aborted like this: when a cancel event is given, the attempt runs on a helper
@@ -19,56 +19,27 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from sluice_client._base import (
-    EXECUTE_PATH,
-    Credentials,
-    PreparedCall,
-    attempt_headers,
-    call_durable_mode,
-    cancel_transport_error,
-    cancel_url,
-    check_credentials,
-    check_worker_id,
-    credential_failure,
-    credential_headers,
-    lookup_headers,
-    prepare_call,
-    to_ms,
-    user_agent,
+from sluice_client._base import Credentials, user_agent
+from sluice_client.core import ClientCore
+from sluice_client.durable_answers import DEFAULT_POLL_INTERVAL_MS, DurableMode
+from sluice_client.effects import (
+    Aborted,
+    Effect,
+    Flow,
+    Locked,
+    Mint,
+    Send,
+    Sleep,
+    Steps,
 )
-from sluice_client.durable import (
-    Abandon,
-    Done,
-    DurablePolicy,
-    Lookup,
-    Step,
-    Submit,
-    Wait,
-    lookup_path,
-)
-from sluice_client.durable_answers import (
-    CAPABILITIES_PATH,
-    DEFAULT_POLL_INTERVAL_MS,
-    SUBMIT_PATH,
-    TRANSPORT_TIMEOUT_MS,
-    WITHDRAW_TIMEOUT_MS,
-    DurableMode,
-    cancelled_before_submit,
-    check_durable_mode,
-    check_poll_interval_ms,
-    not_offered_error,
-    probe_outcome,
-    probe_transport_error,
-)
-from sluice_client.errors import WorkspaceToolError
 from sluice_client.operations import OperationHelpers
-from sluice_client.policy import AttemptPlan, Budgets, CallPolicy, Fail, Retry
-from sluice_client.responses import BodyBuffer, RawResponse, cancel_state, read_limit
+from sluice_client.responses import BodyBuffer, RawResponse, read_limit
 
+T = TypeVar("T")
 _CANCEL_POLL_S = 0.01
 # Connection events whose stream holds the socket this attempt reads from. TLS wraps (and
 # detaches) the TCP socket, so the TLS stream's socket is captured too.
@@ -79,15 +50,6 @@ _SOCKET_EVENTS = frozenset(
         "connection.start_tls.complete",
     }
 )
-
-
-class _Aborted(Exception):
-    """The cancel event fired while a request was in flight; `withdrawn` is Sluice's answer
-    to the DELETE sent for it first, if one was."""
-
-    def __init__(self, withdrawn: str | None = None) -> None:
-        super().__init__(withdrawn)
-        self.withdrawn = withdrawn
 
 
 class _SocketAbort:
@@ -126,7 +88,7 @@ def _shutdown(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
-class Client(OperationHelpers[dict[str, Any]]):
+class Client(ClientCore, OperationHelpers[dict[str, Any]]):
     """Blocking Sluice client. See README.md for the retry rules."""
 
     def __init__(
@@ -146,25 +108,20 @@ class Client(OperationHelpers[dict[str, Any]]):
         sleep: Callable[[float], None] | None = None,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
-        check_credentials(api_key)
-        check_worker_id(worker_id)
-        self._budgets = Budgets(
+        super().__init__(
+            api_key=api_key,
+            worker_id=worker_id,
             max_queue_wait_ms=max_queue_wait_ms,
             max_rate_limit_wait_ms=max_rate_limit_wait_ms,
             max_request_timeout_ms=max_request_timeout_ms,
             retry_queue_full=retry_queue_full,
+            durable=durable,
+            poll_interval_ms=poll_interval_ms,
+            clock=clock,
+            wall_clock=wall_clock,
         )
-        self._durable = check_durable_mode(durable)
-        self._poll_interval_ms = check_poll_interval_ms(poll_interval_ms)
-        # Whether Sluice offers durable requests: asked once per client, on first need.
-        self._durable_offered: bool | None = None
         self._probe_lock = threading.Lock()
-        self._api_key = api_key
-        self.worker_id = worker_id
-        # `clock` is in seconds like time.monotonic; a `deadline` is a point on it.
-        self._clock = clock or time.monotonic
         self._sleep = sleep
-        self._wall_clock = wall_clock or time.time
         self._http = httpx.Client(
             base_url=base_url,
             transport=transport,
@@ -198,194 +155,36 @@ class Client(OperationHelpers[dict[str, Any]]):
         `cancel_request`; one is generated when absent. `durable` overrides the client's
         mode for this call (True, False or "auto").
         """
-        call = prepare_call(
-            request, budgets=self._budgets, overrides=budgets, request_id=request_id
-        )
-        mode = call_durable_mode(self._durable, durable, call.request_id)
-        if mode is not False:
-            if cancel is not None and cancel.is_set():
-                raise cancelled_before_submit(call.request_id)
-            if self._offers_durable(call, cancel):
-                return self._execute_durable(call, deadline, cancel)
-            if mode is True:
-                raise not_offered_error(call.request_id)
-        return self._execute_sync(call, deadline, cancel)
-
-    def _execute_sync(
-        self, call: PreparedCall, deadline: float | None, cancel: threading.Event | None
-    ) -> dict[str, Any]:
-        policy = CallPolicy(
-            request=call.request,
-            budgets=call.budgets,
-            start_ms=self._now_ms(),
-            deadline_ms=None if deadline is None else to_ms(deadline),
-            request_id=call.request_id,
-        )
-        while True:
-            if cancel is not None and cancel.is_set():
-                raise policy.cancelled(in_flight=False).error
-            headers, plan = self._plan(policy, call)
-            policy.sent()
-            try:
-                response = self._send(
-                    "POST",
-                    EXECUTE_PATH,
-                    call.body,
-                    headers,
-                    plan.timeout_ms,
-                    cancel,
-                    withdraw=call.request_id,
-                )
-            except _Aborted as aborted:
-                raise policy.cancelled(in_flight=True, withdrawn=aborted.withdrawn).error from None
-            except httpx.HTTPError as exc:
-                raise policy.on_transport_error(exc).error from exc
-            decision = policy.on_response(
-                response, now_ms=self._now_ms(), wall_now_s=self._wall_clock()
-            )
-            if isinstance(decision, Fail):
-                raise decision.error
-            if not isinstance(decision, Retry):
-                return decision
-            if not self._wait(decision.wait_ms / 1000, cancel):
-                raise policy.cancelled(in_flight=False).error
-            policy.wait_over(now_ms=self._now_ms())
-
-    # -- durable requests (contract §2.7) ----------------------------------------------------
-
-    def _offers_durable(self, call: PreparedCall, cancel: threading.Event | None) -> bool:
-        """Ask Sluice once per client; only a definite answer is remembered."""
-        with self._probe_lock:
-            if self._durable_offered is not None:
-                return self._durable_offered
-            headers = lookup_headers(self._mint(call.request_id))
-            try:
-                response = self._send(
-                    "GET", CAPABILITIES_PATH, None, headers, TRANSPORT_TIMEOUT_MS, cancel
-                )
-            except _Aborted:
-                raise cancelled_before_submit(call.request_id) from None
-            except httpx.HTTPError as exc:
-                raise probe_transport_error(exc, call.request_id) from exc
-            outcome = probe_outcome(
-                response, wall_now_s=self._wall_clock(), request_id=call.request_id
-            )
-            if isinstance(outcome, WorkspaceToolError):
-                raise outcome
-            self._durable_offered = outcome
-            return outcome
-
-    def _execute_durable(
-        self, call: PreparedCall, deadline: float | None, cancel: threading.Event | None
-    ) -> dict[str, Any]:
-        policy = DurablePolicy(
-            request=call.request,
-            budgets=call.budgets,
-            start_ms=self._now_ms(),
-            deadline_ms=None if deadline is None else to_ms(deadline),
-            request_id=call.request_id,
-            poll_interval_ms=self._poll_interval_ms,
-        )
-        step: Step = policy.first(now_ms=self._now_ms())
-        while True:
-            if isinstance(step, Done):
-                return step.result
-            if isinstance(step, Fail):
-                raise step.error
-            if isinstance(step, Abandon):
-                raise policy.settle(step, self._withdraw(call.request_id))
-            if cancel is not None and cancel.is_set():
-                step = policy.cancelled(in_flight=False)
-            elif isinstance(step, Wait):
-                if self._wait(step.wait_ms / 1000, cancel):
-                    step = policy.wait_over(now_ms=self._now_ms())
-                else:
-                    step = policy.cancelled(in_flight=False)
-            else:
-                step = self._durable_request(policy, call, step, cancel)
-
-    def _durable_request(
-        self,
-        policy: DurablePolicy,
-        call: PreparedCall,
-        step: Submit | Lookup,
-        cancel: threading.Event | None,
-    ) -> Step:
-        try:
-            credentials = self._mint(call.request_id)
-        except WorkspaceToolError as exc:
-            return policy.credentials_failed(exc)
-        try:
-            if isinstance(step, Submit):
-                headers = attempt_headers(
-                    credentials=credentials, worker_id=self.worker_id, call=call, plan=step.plan
-                )
-                policy.sent()
-                response = self._send(
-                    "POST", SUBMIT_PATH, call.body, headers, step.plan.timeout_ms, cancel
-                )
-            else:
-                path = lookup_path(call.request_id)
-                headers = lookup_headers(credentials)
-                response = self._send("GET", path, None, headers, step.timeout_ms, cancel)
-        except _Aborted:
-            return policy.cancelled(in_flight=True)
-        except httpx.HTTPError as exc:
-            return policy.on_transport_error(exc, now_ms=self._now_ms())
-        return policy.on_answer(response, now_ms=self._now_ms(), wall_now_s=self._wall_clock())
-
-    def _withdraw(self, request_id: str, timeout_ms: int = TRANSPORT_TIMEOUT_MS) -> str | None:
-        """DELETE a call nobody will wait for; its answer, or None when that failed.
-
-        Not tied to the cancel event: a cancelled call is exactly the one to withdraw.
-        """
-        try:
-            return self.cancel_request(request_id, timeout_ms=timeout_ms)
-        except WorkspaceToolError:
-            return None
+        flow = self._execute(request, deadline, cancel, request_id, durable, budgets)
+        return self._drive(flow, cancel)
 
     def cancel_request(self, request_id: str, *, timeout_ms: int = 30_000) -> str:
         """Ask Sluice to drop a waiting call; returns "cancelled", "running" or "finished"."""
-        url = cancel_url(request_id)
-        headers = self._mint(request_id)
-        try:
-            response = self._exchange(
-                self._http.build_request("DELETE", url, headers=headers, timeout=timeout_ms / 1000)
-            )
-        except httpx.HTTPError as exc:
-            raise cancel_transport_error(exc, request_id) from exc
-        outcome = cancel_state(response, request_id=request_id)
-        if isinstance(outcome, str):
-            return outcome
-        raise outcome
+        return self._drive(self._cancel_request(request_id, timeout_ms), None)
 
     # -- I/O ---------------------------------------------------------------------------------
 
-    def _now_ms(self) -> int:
-        return to_ms(self._clock())
+    def _drive(self, flow: Flow[T], cancel: threading.Event | None) -> T:
+        steps = Steps(flow)
+        while (effect := steps.effect) is not None:
+            value, error = None, None
+            try:
+                value = self._perform(effect, cancel)
+            except BaseException as exc:  # thrown into the flow, which decides what it means
+                error = exc
+            steps.resume(value, error)
+        return steps.result
 
-    def _mint(self, request_id: str) -> dict[str, str]:
-        """Call the credentials source once (rule 5)."""
-        try:
-            minted = self._api_key() if callable(self._api_key) else self._api_key
-            return credential_headers(minted)
-        except Exception as exc:
-            raise credential_failure(exc, request_id) from exc
-
-    def _plan(self, policy: CallPolicy, call: PreparedCall) -> tuple[dict[str, str], AttemptPlan]:
-        attempt_start_ms = self._now_ms()
-        # Checked before minting too, so a call that cannot fit does not mint a token.
-        early = policy.plan(attempt_start_ms=attempt_start_ms, now_ms=attempt_start_ms)
-        if isinstance(early, Fail):
-            raise early.error
-        credentials = self._mint(call.request_id)
-        plan = policy.plan(attempt_start_ms=attempt_start_ms, now_ms=self._now_ms())
-        if isinstance(plan, Fail):
-            raise plan.error
-        headers = attempt_headers(
-            credentials=credentials, worker_id=self.worker_id, call=call, plan=plan
-        )
-        return headers, plan
+    def _perform(self, effect: Effect, cancel: threading.Event | None) -> Any:
+        if isinstance(effect, Send):
+            return self._send(effect, cancel if effect.cancellable else None)
+        if isinstance(effect, Sleep):
+            return self._wait(effect.seconds, cancel)
+        if isinstance(effect, Mint):
+            return self._credentials_source()
+        assert isinstance(effect, Locked)
+        with self._probe_lock:
+            return self._drive(effect.flow, cancel)
 
     def _wait(self, seconds: float, cancel: threading.Event | None) -> bool:
         """Sleep; False when the cancel event fired (the wait then ends at once)."""
@@ -397,23 +196,10 @@ class Client(OperationHelpers[dict[str, Any]]):
             time.sleep(seconds)
         return cancel is None or not cancel.is_set()
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None,
-        headers: dict[str, str],
-        timeout_ms: int,
-        cancel: threading.Event | None,
-        *,
-        withdraw: str | None = None,
-    ) -> RawResponse:
-        """One exchange; with `cancel`, aborted when it fires. `withdraw` names a request id
-        to DELETE before the socket is shut, so a call Sluice drops unstarted is known as such."""
-        total_s = timeout_ms / 1000
-        timeout = httpx.Timeout(total_s, connect=min(10.0, total_s))
+    def _send(self, send: Send, cancel: threading.Event | None) -> RawResponse:
+        """One exchange; with `cancel`, aborted when it fires."""
         request = self._http.build_request(
-            method, path, content=body, headers=headers, timeout=timeout
+            send.method, send.path, content=send.body, headers=send.headers, timeout=send.timeout
         )
         if cancel is None:
             return self._exchange(request)
@@ -433,9 +219,10 @@ class Client(OperationHelpers[dict[str, Any]]):
         threading.Thread(target=attempt, name="sluice-client-attempt", daemon=True).start()
         while not done.wait(_CANCEL_POLL_S):
             if cancel.is_set():
-                withdrawn = self._withdraw(withdraw, WITHDRAW_TIMEOUT_MS) if withdraw else None
+                withdraw = self._withdraw_before_abort(send)
+                withdrawn = None if withdraw is None else self._drive(withdraw, None)
                 abort.fire()
-                raise _Aborted(withdrawn)
+                raise Aborted(withdrawn)
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         return outcome[0]

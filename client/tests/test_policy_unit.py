@@ -125,4 +125,4 @@ def test_budgets_refuse_values_outside_their_range() -> None:
         {"max_rate_limit_wait_ms": True},
     ):
         with pytest.raises(ValueError):
-            Budgets(**bad)  # type: ignore[arg-type]
+            Budgets(**bad)

@@ -390,8 +390,12 @@ def test_a_cli_call_waiting_in_the_queue_is_cancelled_by_the_cli_and_exits_2(
     common = ["--url", api.url, "--key", owner.api_key, "--worker", owner.worker_id]
     marker = tmp_path / "never"
     request_id = f"cli-{uuid.uuid4().hex}"
+    # The blocker holds the slot until the test lets it go, however slowly the second CLI
+    # process starts on a loaded machine.
+    release = tmp_path / "release"
+    hold = f"while [ ! -e {shlex.quote(str(release))} ]; do sleep 0.05; done"
 
-    blocker = cli(*common, "execute_command", "--workspace", "ws", "--command", "sleep 2.5")
+    blocker = cli(*common, "execute_command", "--workspace", "ws", "--command", hold)
     until(lambda: len(held(owner.worker_id)) == 1)
     waiting = cli(
         *common, "--request-id", request_id,
@@ -411,6 +415,7 @@ def test_a_cli_call_waiting_in_the_queue_is_cancelled_by_the_cli_and_exits_2(
     )
     assert error["attempts"] == 1 and error["not_started"] is True
 
+    release.touch()
     code, out, err = finish(blocker)
     assert code == 0 and json.loads(out)["exitCode"] == 0, err
     until(lambda: held(owner.worker_id) == [])
@@ -481,7 +486,7 @@ def test_cancelling_an_async_call_frees_its_place_within_a_second_and_it_never_r
     def queued(n: int) -> Any:
         return asyncio.to_thread(until, lambda: len(held(owner.worker_id)) == n)
 
-    async def scenario() -> tuple[BaseException | None, float, dict[str, Any]]:
+    async def scenario() -> tuple[dict[str, Any] | BaseException, float, dict[str, Any]]:
         async with AsyncClient(api.url, api_key=owner.api_key, worker_id=owner.worker_id) as sluice:
             blocker = asyncio.create_task(sluice.execute_command("ws", "sleep 2.5; echo ran"))
             await queued(1)
