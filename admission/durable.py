@@ -54,6 +54,7 @@ from sluice_protocol import (
 from admission import deadlines, refusals
 from admission.completion import CompletionDraft, completion_emit
 from admission.dbthread import in_db_thread
+from admission.models import Quarantine
 from admission.queue import AsyncQueue
 from admission.ratelimit import RateLimiter
 from admission.refusals import Refusal
@@ -62,11 +63,10 @@ from admission.services import (
     Call,
     DurableExists,
     call_execute,
-    quarantine_row,
     withdrawn_message,
-    worker_signing_key,
 )
-from workspaces.signing import unsigned, verify
+from workspaces.models import Worker
+from workspaces.signing import signing_key, unsigned, verify
 
 log = logging.getLogger("sluice.admission")
 
@@ -132,6 +132,26 @@ def _failure(code: str, worker_id: str) -> Refusal:
     if code == "SERVICE_SHUTTING_DOWN":
         return refusals.shutting_down(waited=True)
     return refusals.assignment_expired()
+
+
+def worker_signing_key(worker_id: str) -> bytes | None:
+    """The key a worker signs its settlements with (its token's hash), for a durable status."""
+    token_hash = Worker.objects.filter(worker_id=worker_id).values_list("token_hash", flat=True)
+    found = token_hash.first()
+    return signing_key(found) if found else None
+
+
+def quarantine_row(*, row: dict[str, Any], reason: str) -> None:
+    """Quarantine a durable call's key from its completion row draft (no Call object left)."""
+    Quarantine.objects.create(
+        worker_id=row["worker_id"],
+        workspace_id=row["workspace_id"],
+        worktree=row["worktree"],
+        isolation_key_hash=row["isolation_key_hash"],
+        operation=row["operation"],
+        reason=reason[:512],
+        request_id=row["request_id"],
+    )
 
 
 async def _settled(
