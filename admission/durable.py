@@ -52,7 +52,7 @@ from sluice_protocol import (
 )
 
 from admission import deadlines, refusals
-from admission.completion import CompletionDraft, completion_emit
+from admission.completion import CompletionDraft, emit_row
 from admission.dbthread import in_db_thread
 from admission.models import Quarantine
 from admission.queue import AsyncQueue
@@ -289,7 +289,7 @@ async def row_write_once(
     row = completion_row(saved, status, ending, status_of)
     if ending.quarantine and ending.refusal is not None:
         await in_db_thread(quarantine_row, row=saved, reason=ending.refusal.message)
-    await completion_emit(row, queue.client)
+    await emit_row(row, queue.client, wait=True)
     # A synchronous call's "done" only has to outlive a claim that could still be under way.
     keep_ms = lease_ms if status.get("rw") == 1 else DURABLE_KEEP_MS
     await queue.row_done(worker_id=worker_id, entry_id=entry_id, ttl_ms=keep_ms)
