@@ -156,8 +156,8 @@ class CompletionDraft:
         return draft
 
     def row(self) -> dict[str, Any]:
-        # Every field is a plain value: a shallow read, not dataclasses.asdict, whose deep
-        # copy of each one cost 0.14 ms a row (every call writes one; a burst, hundreds).
+        # Every field is a plain value: a shallow read, not dataclasses.asdict, whose deep copy
+        # is paid by every call's row (docs/benchmarks.md).
         data = {name: getattr(self, name) for name in _ROW_FIELDS}
         data["request_id"] = self.request_id or self.uid
         if self.fencing_ticket is not None and self.slot_index is None and not self.queue_wait_ms:
@@ -326,8 +326,7 @@ class _Counts:
     batch of rows' own, and `_unrecorded`: those that missed the hash (Redis was away when
     their row was written). The row then goes to Postgres directly; its counters wait there,
     in this process, and ride along with the next batch that reaches Redis, so every refusal
-    is counted once in /metrics (under the Redis connect timeouts of an overload, 1 in 1,764
-    was)."""
+    is counted once in /metrics, even under the Redis timeouts of an overload."""
 
     def __init__(self) -> None:
         self.fields: dict[str, int] = {}

@@ -185,6 +185,32 @@ async def _settled(
     return None, refusals.worker_refused(code, text), quarantine
 
 
+async def _settlement_read(
+    queue: AsyncQueue,
+    worker_id: str,
+    entry_id: str,
+    status: dict[str, Any],
+    draft_operation: str,
+) -> tuple[dict[str, Any] | None, Refusal | None, bool]:
+    """(result, refusal, quarantine) of a settled call. A durable call's settlement is in its
+    status and checked against its saved request; a synchronous call's (rw) is read from its
+    wake list while that lasts, and its result, which reached nobody, is not kept."""
+    if status.get("rw") != 1:
+        request = await queue.row_request(worker_id=worker_id, entry_id=entry_id) or {}
+        payload = json.loads(status["payload"])
+        return await _settled(
+            worker_id, entry_id, payload, request, str(request.get("operation", ""))
+        )
+    payload = await queue.settlement_of(worker_id=worker_id, entry_id=entry_id)
+    if payload is None:
+        message = "The worker settled the call, but its answer was no longer kept; it may have run."
+        return None, refusals.assignment_expired(message), False
+    _result, refusal, quarantine = await _settled(
+        worker_id, entry_id, payload, None, draft_operation
+    )
+    return None, refusal, quarantine
+
+
 async def durable_ending(
     queue: AsyncQueue,
     *,
@@ -211,24 +237,9 @@ async def durable_ending(
         return Ending(answer, live=True)
     refusal: Refusal | None = None
     quarantine = False
-    if state == "settled" and status.get("rw") == 1:
-        payload = await queue.settlement_of(worker_id=worker_id, entry_id=entry_id)
-        if payload is None:
-            refusal = refusals.assignment_expired(
-                "The worker settled the call, but its answer was no longer kept; it may have run."
-            )
-        else:
-            _result, refusal, quarantine = await _settled(
-                worker_id, entry_id, payload, None, draft_operation
-            )
-    elif state == "settled":
-        request = await queue.row_request(worker_id=worker_id, entry_id=entry_id)
-        result, refusal, quarantine = await _settled(
-            worker_id,
-            entry_id,
-            json.loads(status["payload"]),
-            request or {},
-            str((request or {}).get("operation", "")),
+    if state == "settled":
+        result, refusal, quarantine = await _settlement_read(
+            queue, worker_id, entry_id, status, draft_operation
         )
         if result is not None:
             answer.update(state="completed", result=result)
