@@ -531,7 +531,7 @@ async def _admitted_call(
     entered, asked, message = await _entered(
         call, queue, budgets, target, entry_budget_ms, expires, clock
     )
-    refused = _refusal_at_entry(call, entered, asked)
+    refused = refusal_at_entry(call.worker_id, entered, asked)
     if refused is not None:
         raise refused
     _mark_entered(call, entered)
@@ -665,27 +665,28 @@ async def _enter_once(
     )
 
 
-def _refusal_at_entry(call: Call, entered: Entered, asked: float) -> refusals.Refusal | None:
-    """The refusal for a call the queue did not take (None: granted or waiting)."""
+def refusal_at_entry(worker_id: str, entered: Entered, asked: float) -> refusals.Refusal | None:
+    """The refusal for a call the queue did not take (None: granted or waiting). `asked`:
+    when the enter was sent, on the service's monotonic clock."""
     if entered.status == "full":
         # Taken as full for a moment, during which the edge answers the caller's next calls to
         # this worker without asking the queue: a burst costs one queue script per moment, not
         # one per call.
         return refusals.queue_full(
-            call.worker_id,
+            worker_id,
             entered.held,
             holds_until=asked + settings.SLUICE_FULL_QUEUE_HOLD_MS / 1000,
         )
     if entered.status == "offline":
-        return refusals.worker_offline(call.worker_id)
+        return refusals.worker_offline(worker_id)
     if entered.status != "refused":
         return None
     if entered.code == "WORKER_MISMATCH":
-        return refusals.worker_mismatch(withdrawn_message(call.worker_id))
+        return refusals.worker_mismatch(withdrawn_message(worker_id))
     if entered.code == "UNAUTHENTICATED":
         # Revoked a moment ago; this process's caller cache had not seen it yet.
         return refusals.key_revoked()
-    return refusals.worker_offline(call.worker_id)
+    return refusals.worker_offline(worker_id)
 
 
 def _mark_entered(call: Call, entered: Entered) -> None:
