@@ -22,10 +22,10 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, overload
 
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, close_old_connections, transaction
@@ -156,8 +156,8 @@ class CompletionDraft:
         return draft
 
     def row(self) -> dict[str, Any]:
-        # Every field is a plain value: a shallow read, not dataclasses.asdict, whose deep
-        # copy of each one cost 0.14 ms a row (every call writes one; a burst, hundreds).
+        # Every field is a plain value: a shallow read, not dataclasses.asdict, whose deep copy
+        # is paid by every call's row (docs/benchmarks.md).
         data = {name: getattr(self, name) for name in _ROW_FIELDS}
         data["request_id"] = self.request_id or self.uid
         if self.fencing_ticket is not None and self.slot_index is None and not self.queue_wait_ms:
@@ -326,8 +326,7 @@ class _Counts:
     batch of rows' own, and `_unrecorded`: those that missed the hash (Redis was away when
     their row was written). The row then goes to Postgres directly; its counters wait there,
     in this process, and ride along with the next batch that reaches Redis, so every refusal
-    is counted once in /metrics (under the Redis connect timeouts of an overload, 1 in 1,764
-    was)."""
+    is counted once in /metrics, even under the Redis timeouts of an overload."""
 
     def __init__(self) -> None:
         self.fields: dict[str, int] = {}
@@ -362,13 +361,30 @@ _batch: list[CompletionDraft] = []
 _background: set[asyncio.Task[Any]] = set()
 
 
-def emit_row(draft: CompletionDraft, client: Any | None = None) -> None:
+@overload
+def emit_row(draft: CompletionDraft, client: Any | None = None) -> None: ...
+
+
+@overload
+def emit_row(draft: CompletionDraft, client: Any, *, wait: Literal[True]) -> Awaitable[None]: ...
+
+
+def emit_row(
+    draft: CompletionDraft, client: Any | None = None, *, wait: bool = False
+) -> Awaitable[None] | None:
     """The one way a call's completion row leaves this process: to the Redis stream (the
-    drainer lands it in Postgres), in the background, with the rows of the next ROW_GATHER_S.
-    `client`: the Redis client to write with (default: this process's admission client)."""
+    drainer lands it in Postgres) with its metrics, or straight to Postgres when the stream is
+    away. `client`: the Redis client to write with (default: this process's admission client).
+
+    By default the row goes in the background, with the rows of the next ROW_GATHER_S. With
+    `wait=True` it returns an awaitable that writes this row alone, for a writer whose next
+    step must come after the row has left (admission/durable.py marks a row done only then)."""
+    if wait:
+        return completion_emit_many([draft], _client(client))
     _batch.append(draft)
     if len(_batch) == 1:
         asyncio.get_running_loop().call_later(ROW_GATHER_S, _flush, client)
+    return None
 
 
 async def emitted_rows_flush(timeout_s: float = 5.0) -> None:
@@ -378,28 +394,28 @@ async def emitted_rows_flush(timeout_s: float = 5.0) -> None:
         await asyncio.wait(set(_background), timeout=timeout_s)
 
 
+def _client(client: Any | None) -> Any:
+    if client is not None:
+        return client
+    from admission.connections import async_queue
+
+    return async_queue().client
+
+
 def _flush(client: Any | None) -> None:
     if not _batch:
         return
-    if client is None:
-        from admission.connections import async_queue
-
-        client = async_queue().client
     drafts = list(_batch)
     _batch.clear()
     # The task is kept referenced until it is done.
-    task = asyncio.get_running_loop().create_task(completion_emit_many(drafts, client))
+    task = asyncio.get_running_loop().create_task(completion_emit_many(drafts, _client(client)))
     _background.add(task)
     task.add_done_callback(_background.discard)
 
 
-async def completion_emit(draft: CompletionDraft, client: Any) -> None:
-    await completion_emit_many([draft], client)
-
-
 async def completion_emit_many(drafts: list[CompletionDraft], client: Any) -> None:
-    """Calls' rows, with their metrics, in one round trip to the stream (a burst's rows go
-    together); if the stream is away, straight to Postgres."""
+    """The writer behind `emit_row`: calls' rows, with their metrics, in one round trip to the
+    stream (a burst's rows go together); if the stream is away, straight to Postgres."""
     rows = [draft.row() for draft in drafts]
     # The batch's counters summed here, carried ones included: one HINCRBY per counter, not
     # three to five per row (a burst's refusals share theirs).

@@ -52,8 +52,9 @@ from sluice_protocol import (
 )
 
 from admission import deadlines, refusals
-from admission.completion import CompletionDraft, completion_emit
+from admission.completion import CompletionDraft, emit_row
 from admission.dbthread import in_db_thread
+from admission.models import Quarantine
 from admission.queue import AsyncQueue
 from admission.ratelimit import RateLimiter
 from admission.refusals import Refusal
@@ -62,11 +63,10 @@ from admission.services import (
     Call,
     DurableExists,
     call_execute,
-    quarantine_row,
     withdrawn_message,
-    worker_signing_key,
 )
-from workspaces.signing import unsigned, verify
+from workspaces.models import Worker
+from workspaces.signing import signing_key, unsigned, verify
 
 log = logging.getLogger("sluice.admission")
 
@@ -134,6 +134,26 @@ def _failure(code: str, worker_id: str) -> Refusal:
     return refusals.assignment_expired()
 
 
+def worker_signing_key(worker_id: str) -> bytes | None:
+    """The key a worker signs its settlements with (its token's hash), for a durable status."""
+    token_hash = Worker.objects.filter(worker_id=worker_id).values_list("token_hash", flat=True)
+    found = token_hash.first()
+    return signing_key(found) if found else None
+
+
+def quarantine_row(*, row: dict[str, Any], reason: str) -> None:
+    """Quarantine a durable call's key from its completion row draft (no Call object left)."""
+    Quarantine.objects.create(
+        worker_id=row["worker_id"],
+        workspace_id=row["workspace_id"],
+        worktree=row["worktree"],
+        isolation_key_hash=row["isolation_key_hash"],
+        operation=row["operation"],
+        reason=reason[:512],
+        request_id=row["request_id"],
+    )
+
+
 async def _settled(
     worker_id: str,
     entry_id: str,
@@ -165,6 +185,32 @@ async def _settled(
     return None, refusals.worker_refused(code, text), quarantine
 
 
+async def _settlement_read(
+    queue: AsyncQueue,
+    worker_id: str,
+    entry_id: str,
+    status: dict[str, Any],
+    draft_operation: str,
+) -> tuple[dict[str, Any] | None, Refusal | None, bool]:
+    """(result, refusal, quarantine) of a settled call. A durable call's settlement is in its
+    status and checked against its saved request; a synchronous call's (rw) is read from its
+    wake list while that lasts, and its result, which reached nobody, is not kept."""
+    if status.get("rw") != 1:
+        request = await queue.row_request(worker_id=worker_id, entry_id=entry_id) or {}
+        payload = json.loads(status["payload"])
+        return await _settled(
+            worker_id, entry_id, payload, request, str(request.get("operation", ""))
+        )
+    payload = await queue.settlement_of(worker_id=worker_id, entry_id=entry_id)
+    if payload is None:
+        message = "The worker settled the call, but its answer was no longer kept; it may have run."
+        return None, refusals.assignment_expired(message), False
+    _result, refusal, quarantine = await _settled(
+        worker_id, entry_id, payload, None, draft_operation
+    )
+    return None, refusal, quarantine
+
+
 async def durable_ending(
     queue: AsyncQueue,
     *,
@@ -191,24 +237,9 @@ async def durable_ending(
         return Ending(answer, live=True)
     refusal: Refusal | None = None
     quarantine = False
-    if state == "settled" and status.get("rw") == 1:
-        payload = await queue.settlement_of(worker_id=worker_id, entry_id=entry_id)
-        if payload is None:
-            refusal = refusals.assignment_expired(
-                "The worker settled the call, but its answer was no longer kept; it may have run."
-            )
-        else:
-            _result, refusal, quarantine = await _settled(
-                worker_id, entry_id, payload, None, draft_operation
-            )
-    elif state == "settled":
-        request = await queue.row_request(worker_id=worker_id, entry_id=entry_id)
-        result, refusal, quarantine = await _settled(
-            worker_id,
-            entry_id,
-            json.loads(status["payload"]),
-            request or {},
-            str((request or {}).get("operation", "")),
+    if state == "settled":
+        result, refusal, quarantine = await _settlement_read(
+            queue, worker_id, entry_id, status, draft_operation
         )
         if result is not None:
             answer.update(state="completed", result=result)
@@ -269,7 +300,7 @@ async def row_write_once(
     row = completion_row(saved, status, ending, status_of)
     if ending.quarantine and ending.refusal is not None:
         await in_db_thread(quarantine_row, row=saved, reason=ending.refusal.message)
-    await completion_emit(row, queue.client)
+    await emit_row(row, queue.client, wait=True)
     # A synchronous call's "done" only has to outlive a claim that could still be under way.
     keep_ms = lease_ms if status.get("rw") == 1 else DURABLE_KEEP_MS
     await queue.row_done(worker_id=worker_id, entry_id=entry_id, ttl_ms=keep_ms)

@@ -24,12 +24,14 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:revoked:<key id>    STRING  an API key revoked lately: grants refuse its waiting calls
     P celery:sluice.worker.ID LIST  the worker's Celery queue (kombu's key; see below)
 
-The grant is the dispatch: the scripts that grant (enter, leave, release, settle, and the
-pruning inside each) push a granted call's envelope onto the worker's Celery queue list
-themselves, when that list lives in the admission Redis (`dispatch_in_redis()`: one plain
-Redis for both, the default). On a Redis Cluster the broker is a separate Redis that no
-script can reach; then the grant's wake-up says so (dp = 0) and the API process that waits
-for the call pushes the envelope, as before.
+The grant is the dispatch, and it has two owners, one per side of one decision. Whether the
+scripts can reach the workers' Celery queue lists is decided once, by `dispatch_in_redis()`
+(one plain Redis for admission and the broker, the default), which `_Scripts.dispatch_keys`
+turns into the keys every granting script gets. If they can, `dispatch()` in
+lua/_common.lua, run for each call any script grants, pushes the call's envelope, or hands
+it to the worker that just settled (`settle_taking_next`). If they cannot (a Redis Cluster,
+whose broker is a separate Redis), the grant's wake-up says so (dp = 0) and the waiting API
+process pushes it (`_dispatch_if_scripts_could_not` in admission/services.py).
 """
 
 from __future__ import annotations

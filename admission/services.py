@@ -35,13 +35,12 @@ from admission.dbthread import in_db_thread
 from admission.deadlines import SYSTEM_CLOCK, Clock
 from admission.models import Quarantine
 from admission.policy import Policy, apolicy_for
-from admission.queue import AsyncQueue, Grant, offer_tokens
+from admission.queue import AsyncQueue, Entered, Grant, offer_tokens
 from admission.ratelimit import RateDecision, RateLimiter
 from admission.selectors import Target
 from workspaces.access import Caller
 from workspaces.dispatch import assignment_message
 from workspaces.features import effective_edit_features, offer_gap, request_needs
-from workspaces.models import Worker
 from workspaces.secrets import keyed_hash
 from workspaces.signing import sign, signing_key, unsigned, verify
 
@@ -86,6 +85,10 @@ class AdmissionHooks(Protocol):
 
 @dataclass
 class Call:
+    """One execute call as admission sees it: what the edge read and resolved (the fields
+    without defaults, `target`, `durable`, `refresh_target`, `hooks`), then what admission
+    learns about it on the way, which the edge reads back when it answers."""
+
     caller: Caller
     request: dict[str, Any]
     worker_id: str
@@ -114,9 +117,6 @@ class Call:
     refresh_target: Callable[[], Awaitable[Target | None]] | None = None
     # What the HTTP edge is told as the call's admission goes on (AdmissionHooks).
     hooks: AdmissionHooks | None = None
-    # Set whenever a push for this call may have come (AsyncQueue.watching, from before it
-    # entered); None: each wait watches for itself and looks first.
-    woken: asyncio.Event | None = None
     # The policy its admission was decided under, once read.
     policy: Policy | None = None
 
@@ -191,9 +191,15 @@ def rate_refusal_holds_until(asked: float, decision: RateDecision) -> float:
 
 
 async def _wait_for_grant(
-    call: Call, queue: AsyncQueue, policy: Policy, deadline: float, clock: Clock
+    call: Call,
+    queue: AsyncQueue,
+    policy: Policy,
+    deadline: float,
+    woken: asyncio.Event,
+    clock: Clock,
 ) -> Grant:
-    """Block on this call's wake list until granted, refused, or the queue deadline passes."""
+    """Block on this call's wake list until granted, refused, or the queue deadline passes.
+    `woken` is set whenever a push for the call may have come (AsyncQueue.watching)."""
     while True:
         # Rounded up: a call is never told its allowance ran out while a fraction of a
         # millisecond of it is left.
@@ -204,7 +210,7 @@ async def _wait_for_grant(
             worker_id=call.worker_id,
             entry_id=call.entry_id,
             timeout_ms=min(left_ms, SAFETY_RECHECK_MS),
-            woken=call.woken,
+            woken=woken,
         )
         if message is not None:
             return _granted_or_raise(call, message)
@@ -217,13 +223,7 @@ async def _wait_for_grant(
             if deadline - clock.monotonic() > PRUNED_EARLY_S:
                 raise refusals.worker_offline(call.worker_id)
             break
-    status, grant = await queue.leave(
-        worker_id=call.worker_id,
-        entry_id=call.entry_id,
-        slot_ceiling=policy.max_lease_slots,
-        code="WORKSPACE_QUEUE_TIMEOUT",
-        now_ms=clock.scripts_ms(),
-    )
+    status, grant = await _leave(call, queue, policy, clock, code="WORKSPACE_QUEUE_TIMEOUT")
     if status == "running" and grant is not None:
         # Granted in the same instant the budget ran out: the grant wins, the push is spent.
         await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
@@ -258,7 +258,13 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
 
 
 async def _wait_for_result(
-    call: Call, queue: AsyncQueue, grant: Grant, deadline: float, policy: Policy, clock: Clock
+    call: Call,
+    queue: AsyncQueue,
+    grant: Grant,
+    deadline: float,
+    policy: Policy,
+    woken: asyncio.Event,
+    clock: Clock,
 ) -> dict[str, Any]:
     """Wait for the worker's settlement until the exec deadline. Past that, the outcome is unknown."""
     left_ms = int((deadline - clock.monotonic()) * 1000) + SETTLE_GRACE_MS
@@ -266,15 +272,9 @@ async def _wait_for_result(
         worker_id=call.worker_id,
         entry_id=call.entry_id,
         timeout_ms=max(left_ms, 1),
-        woken=call.woken,
+        woken=woken,
     )
-    if message is None and not await queue.release(
-        worker_id=call.worker_id,
-        entry_id=call.entry_id,
-        ticket=grant.ticket,
-        slot_ceiling=policy.max_lease_slots,
-        now_ms=clock.scripts_ms(),
-    ):
+    if message is None and not await _release(call, queue, policy, grant, clock):
         # Settled (or cleared) between the timeout and the release: take what was pushed.
         message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
     if message is None or message.get("t") == "vanished":
@@ -316,26 +316,6 @@ async def settlement_answer(call: Call, message: dict[str, Any]) -> dict[str, An
         await in_db_thread(quarantine_key, call=call, reason=text)
         forget_cached_callers()
     raise refusals.worker_refused(code, text)
-
-
-def worker_signing_key(worker_id: str) -> bytes | None:
-    """The key a worker signs its settlements with (its token's hash), for a durable status."""
-    token_hash = Worker.objects.filter(worker_id=worker_id).values_list("token_hash", flat=True)
-    found = token_hash.first()
-    return signing_key(found) if found else None
-
-
-def quarantine_row(*, row: dict[str, Any], reason: str) -> None:
-    """Quarantine a durable call's key from its completion row draft (no Call object left)."""
-    Quarantine.objects.create(
-        worker_id=row["worker_id"],
-        workspace_id=row["workspace_id"],
-        worktree=row["worktree"],
-        isolation_key_hash=row["isolation_key_hash"],
-        operation=row["operation"],
-        reason=reason[:512],
-        request_id=row["request_id"],
-    )
 
 
 def quarantine_key(*, call: Call, reason: str) -> None:
@@ -410,276 +390,400 @@ def _key(call: Call) -> bytes:
     return signing_key(call.target.token_hash)
 
 
+@dataclass(frozen=True)
+class Budgets:
+    """What one call may spend, fixed once its policy is read: how long it may wait in its
+    queue and then run (ms), and when its wait ends on the service's monotonic clock."""
+
+    policy: Policy
+    queue_ms: int
+    exec_ms: int
+    queue_deadline: float
+
+    @property
+    def life_ms(self) -> int:
+        return self.queue_ms + self.exec_ms
+
+
 async def call_execute(
     call: Call, *, queue: AsyncQueue, limiter: RateLimiter, clock: Clock = SYSTEM_CLOCK
 ) -> dict[str, Any]:
     """Admit, dispatch and await one call. Raises a Refusal for every answer but a result.
 
     Every time it reads comes from `clock`; `call.draft.started_monotonic` is on the same one."""
-    draft = call.draft
-    base, _lane = isolation_key(call.request)
-    draft.describe(isolation_key_hash=isolation_key_hash(call.worker_id, call.request))
+    call.draft.describe(isolation_key_hash=isolation_key_hash(call.worker_id, call.request))
     try:
-        policy = call.policy = await apolicy_for(
-            worker_id=call.worker_id, tenant_id=call.caller.tenant_id
-        )
-        queue_ms, exec_ms = call_budgets(call.request, call.queue_wait_header_ms, policy)
-        draft.describe(
-            deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
-        )
-        queue_deadline = draft.started_monotonic + queue_ms / 1000
-        refused = call.hooks.decided(policy) if call.hooks is not None else None
-        if refused is not None:
-            raise refused
-        await _rate_limit(call, policy, limiter, clock)
-        if call.target is not None and not call.target.incarnation_id:
-            # Offline as this process last saw it: a worker that registered again within the
-            # cache's second is looked up once more before the call is refused.
-            await _looked_up_again(call)
-        target = check_target(call, call.target)
-        if call.request.get("workspaceInstanceId") and not await queue.bind_instance(
-            worker_id=call.worker_id, base=base, scope=call.caller.scope
-        ):
-            raise refusals.worker_mismatch("This workspaceInstanceId belongs to another principal")
-        if call.request_id:
-            claimed = await queue.claim_request_id(
-                scope=call.caller.scope,
-                request_id=call.request_id,
-                worker_id=call.worker_id,
-                entry_id=call.entry_id,
-                ttl_ms=queue_ms + exec_ms + 60_000 + (DURABLE_KEEP_MS if call.durable else 0),
-                durable=call.durable,
-            )
-            if not claimed:
-                bound = await queue.request_binding(
-                    scope=call.caller.scope, request_id=call.request_id
-                )
-                if call.durable and bound is not None and bound[2]:
-                    raise DurableExists(worker_id=bound[0], entry_id=bound[1])
-                raise refusals.request_id_taken()
-            call.request_id_claimed = True
+        budgets = await _budgets_read(call, limiter, clock)
+        target = await _target_checked(call)
+        await _names_bound(call, queue, budgets)
         # Watched from before it enters: its waits then look at its wake list only when a push
         # is announced (no look right after entering, nor after its grant).
         async with queue.watching(worker_id=call.worker_id, entry_id=call.entry_id) as woken:
-            call.woken = woken
-            return await _admitted_call(
-                call, queue, policy, target, queue_ms, exec_ms, queue_deadline, clock
-            )
+            return await _admitted_call(call, queue, budgets, target, woken, clock)
     except refusals.Refusal as refusal:
-        draft.refused(refusal)
+        call.draft.refused(refusal)
         raise
     except RedisError as exc:
-        # A Redis that is down or too busy to connect to is expected under overload: one line.
-        log.warning(
-            "admission Redis unavailable",
-            exc_info=not expected_outage(exc),
-            extra={"error": str(exc)},
-        )
-        if draft.slot_index is not None or call.dispatched or call.maybe_queued:
-            # Its enqueue may have happened (and a grant dispatches): it may have run.
-            call.dispatched = True
-            raise refusals.assignment_expired(
-                "Lost track of the call after it entered its worker's queue; it may or may not "
-                "have run."
-            ) from None
-        raise refusals.admission_unavailable() from None
+        raise _redis_lost(call, exc) from None
     finally:
-        # Only the call that bound the id marks it finished; a refused duplicate must not.
-        # A call that was never dispatched frees its id, so a client may resend it under the
-        # same id; one that may have run keeps it ("finished") so a replay is refused.
-        # A durable call's id names its status for as long as that lives.
-        if call.request_id_claimed and not (call.durable and call.entered.is_set()):
-            with contextlib.suppress(RedisError, asyncio.CancelledError):
-                await asyncio.shield(
-                    queue.finish_request_id(
-                        scope=call.caller.scope,
-                        request_id=call.request_id or "",
-                        dispatched=call.dispatched or call.maybe_queued,
-                    )
-                )
+        await _request_id_finished(call, queue)
+
+
+async def _budgets_read(call: Call, limiter: RateLimiter, clock: Clock) -> Budgets:
+    """The call's policy and budgets. The edge's hook, then the rate limit, may refuse it
+    here, before it costs its worker's queue anything."""
+    policy = call.policy = await apolicy_for(
+        worker_id=call.worker_id, tenant_id=call.caller.tenant_id
+    )
+    queue_ms, exec_ms = call_budgets(call.request, call.queue_wait_header_ms, policy)
+    call.draft.describe(
+        deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms)
+    )
+    budgets = Budgets(policy, queue_ms, exec_ms, call.draft.started_monotonic + queue_ms / 1000)
+    refused = call.hooks.decided(policy) if call.hooks is not None else None
+    if refused is not None:
+        raise refused
+    await _rate_limit(call, policy, limiter, clock)
+    return budgets
+
+
+async def _target_checked(call: Call) -> Target:
+    if call.target is not None and not call.target.incarnation_id:
+        # Offline as this process last saw it: a worker that registered again within the
+        # cache's second is looked up once more before the call is refused.
+        await _looked_up_again(call)
+    return check_target(call, call.target)
+
+
+async def _names_bound(call: Call, queue: AsyncQueue, budgets: Budgets) -> None:
+    """Bind the call's conversation instance and its request id to its caller, or refuse it."""
+    base, _lane = isolation_key(call.request)
+    if call.request.get("workspaceInstanceId") and not await queue.bind_instance(
+        worker_id=call.worker_id, base=base, scope=call.caller.scope
+    ):
+        raise refusals.worker_mismatch("This workspaceInstanceId belongs to another principal")
+    if not call.request_id:
+        return
+    claimed = await queue.claim_request_id(
+        scope=call.caller.scope,
+        request_id=call.request_id,
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        ttl_ms=budgets.life_ms + 60_000 + (DURABLE_KEEP_MS if call.durable else 0),
+        durable=call.durable,
+    )
+    if not claimed:
+        bound = await queue.request_binding(scope=call.caller.scope, request_id=call.request_id)
+        if call.durable and bound is not None and bound[2]:
+            raise DurableExists(worker_id=bound[0], entry_id=bound[1])
+        raise refusals.request_id_taken()
+    call.request_id_claimed = True
+
+
+def _redis_lost(call: Call, exc: RedisError) -> refusals.Refusal:
+    """The answer when Redis failed under the call: not started before its enqueue was sent,
+    ambiguous from then on (the enqueue may have happened, and a grant dispatches)."""
+    # A Redis that is down or too busy to connect to is expected under overload: one line.
+    log.warning(
+        "admission Redis unavailable",
+        exc_info=not expected_outage(exc),
+        extra={"error": str(exc)},
+    )
+    if call.draft.slot_index is None and not (call.dispatched or call.maybe_queued):
+        return refusals.admission_unavailable()
+    call.dispatched = True
+    return refusals.assignment_expired(
+        "Lost track of the call after it entered its worker's queue; it may or may not have run."
+    )
+
+
+async def _request_id_finished(call: Call, queue: AsyncQueue) -> None:
+    """Only the call that bound the id marks it finished; a refused duplicate must not. A
+    call never dispatched frees its id, so a client may resend under it; one that may have
+    run keeps it ("finished"), so a replay is refused. A durable call's id names its status
+    for as long as that lives."""
+    if not call.request_id_claimed or (call.durable and call.entered.is_set()):
+        return
+    with contextlib.suppress(RedisError, asyncio.CancelledError):
+        await asyncio.shield(
+            queue.finish_request_id(
+                scope=call.caller.scope,
+                request_id=call.request_id or "",
+                dispatched=call.dispatched or call.maybe_queued,
+            )
+        )
 
 
 async def _admitted_call(
     call: Call,
     queue: AsyncQueue,
-    policy: Policy,
+    budgets: Budgets,
     target: Target,
-    queue_ms: int,
-    exec_ms: int,
-    queue_deadline: float,
+    woken: asyncio.Event,
     clock: Clock,
 ) -> dict[str, Any]:
-    draft = call.draft
-    command_timeout = deadlines.command_timeout_ms(
-        request=call.request, job_timeout_ms=policy.job_timeout_ms
-    )
-    expires = datetime.fromtimestamp(clock.now() + (queue_ms + exec_ms) / 1000, tz=UTC)
-    # Rounded up, so the entry's deadline in Redis is never before the allowance's end.
-    left_ms = math.ceil((queue_deadline - clock.monotonic()) * 1000)
-    if left_ms < -LATE_ENTRY_MS:
-        # Its allowance ran out more than a second ago, before it reached its queue (a process
-        # swamped by a burst): granting it now would be a wait past allowance + 1 s (§2.8).
-        raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
+    """Enter the worker's queue, wait for the grant, make sure the call is dispatched, and
+    wait for its settlement."""
+    expires = datetime.fromtimestamp(clock.now() + budgets.life_ms / 1000, tz=UTC)
+    entry_budget_ms = _entry_budget_ms(budgets, clock)
     if call.durable:
-        # Whoever claims it first once the call ends writes its row from this draft
-        # (admission/durable.py): this process, any process answering its status, or the
-        # drainer's sweep when no API process is left to.
-        await queue.row_draft_save(
-            worker_id=call.worker_id,
-            entry_id=call.entry_id,
-            row=json.dumps(draft.row()),
-            request=json.dumps(call.request),
-            ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
-            submitted_ms=int(draft.started * 1000),
-        )
-    row = ""
-    if not call.durable and queue.dispatching:
-        # The row's draft goes in with the call (the same script, no round trip of its own):
-        # if this process dies, the drainer's sweep writes the row from it once the call ends
-        # (admission/durable.py); if it lives, writing the row here removes it.
-        row = json.dumps(draft.row())
+        await _durable_draft_saved(call, queue, budgets)
+    entered, asked, message = await _entered(
+        call, queue, budgets, target, entry_budget_ms, expires, clock
+    )
+    refused = refusal_at_entry(call.worker_id, entered, asked)
+    if refused is not None:
+        raise refused
+    _mark_entered(call, entered)
+    grant = await _grant_awaited(call, queue, budgets, entered, woken, clock)
+    admitted_at = clock.monotonic()
+    waited_ms = int((admitted_at - call.draft.started_monotonic) * 1000)
+    call.draft.admitted(grant.slot, waited_ms=waited_ms)
+    await _dispatch_if_scripts_could_not(
+        call,
+        queue,
+        budgets.policy,
+        grant,
+        waited=entered.grant is None,
+        message=message,
+        clock=clock,
+    )
+    call.exec_deadline = admitted_at + budgets.exec_ms / 1000
+    return await _result_awaited(call, queue, grant, budgets.policy, admitted_at, woken, clock)
+
+
+def _entry_budget_ms(budgets: Budgets, clock: Clock) -> int:
+    """What is left of the queue allowance as the call enters. It counts from the request's
+    start (contract §2.3), so time a loaded process spent before this point cannot let Redis
+    grant the call later than allowed (§2.8: no wait past allowance + 1 s)."""
+    # Rounded up, so the entry's deadline in Redis is never before the allowance's end.
+    left_ms = math.ceil((budgets.queue_deadline - clock.monotonic()) * 1000)
+    if left_ms < -LATE_ENTRY_MS:
+        # Granting it now would already be a wait past allowance + 1 s.
+        raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
+    # At least 1 ms: a call that arrives just spent is still granted if its slot is free,
+    # and else times out at once.
+    return max(1, left_ms)
+
+
+async def _durable_draft_saved(call: Call, queue: AsyncQueue, budgets: Budgets) -> None:
+    # Whoever claims it first once the call ends writes its row from this draft
+    # (admission/durable.py): this process, any process answering its status, or the
+    # drainer's sweep when no API process is left to.
+    await queue.row_draft_save(
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        row=json.dumps(call.draft.row()),
+        request=json.dumps(call.request),
+        ttl_ms=budgets.life_ms + DURABLE_KEEP_MS,
+        submitted_ms=int(call.draft.started * 1000),
+    )
+
+
+async def _entered(
+    call: Call,
+    queue: AsyncQueue,
+    budgets: Budgets,
+    target: Target,
+    entry_budget_ms: int,
+    expires: datetime,
+    clock: Clock,
+) -> tuple[Entered, float, tuple[str, str]]:
+    """Enter the call: (what the queue said, when it was asked, the call's Celery message as
+    (queue list key, envelope)). Refused only because the worker restarted since this
+    process last looked, the call enters once more, signed for the new incarnation."""
+    # A synchronous call's row draft goes in with it (the same script, no round trip of its
+    # own): if this process dies, the drainer's sweep writes the row from it once the call
+    # ends (admission/durable.py); if it lives, writing the row here removes it.
+    row = "" if call.durable or not queue.dispatching else json.dumps(call.draft.row())
     while True:
         if row:
-            draft.saved((call.worker_id, call.entry_id))
-        # Signed against the incarnation the offer was read with: a call entering under another
-        # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
-        assignment = _assignment(call, target.incarnation_id, exec_ms, command_timeout)
-        broker_key, envelope = assignment_message(assignment, expires=expires)
+            call.draft.saved((call.worker_id, call.entry_id))
+        message = _signed_message(call, target, budgets, expires)
         # From here until the queue answers, the call may be in it (and granted, so dispatched).
         call.maybe_queued = True
         asked = clock.monotonic()
-        entered = await queue.enter(
-            worker_id=call.worker_id,
-            entry_id=call.entry_id,
-            key=isolation_key(call.request),
-            # What is left of the allowance, which counts from the request's start (contract
-            # §2.3): time a loaded process spent before this point must not let Redis grant
-            # the call any later (§2.8: no wait past allowance + 1 s). At least 1 ms, so a call
-            # that arrives just spent is still granted if its slot is free, and else times out
-            # at once.
-            queue_budget_ms=max(1, left_ms),
-            exec_budget_ms=exec_ms,
-            queue_limit=policy.worker_queue_limit,
-            slot_ceiling=policy.max_lease_slots,
-            operation=call.operation,
-            workspace_id=str(call.request["workspaceId"]),
-            needs=call_needs(call.request),
-            envelope=envelope,
-            durable=call.durable,
-            incarnation=target.incarnation_id,
-            key_id=call.caller.key_id,
-            row=row,
-            row_ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
-            now_ms=clock.scripts_ms(),
+        entered = await _enter_once(
+            call, queue, budgets, target, entry_budget_ms, message[1], row, clock
         )
         call.maybe_queued = False
         if row and entered.status not in ("granted", "waiting"):
-            draft.saved(None)  # refused at the door: its row's write has nothing to remove
+            call.draft.saved(None)  # refused at the door: its row's write has nothing to remove
         if entered.status != "refused":
-            break
-        # Perhaps only this process's view of the worker was old (the caller cache): the next
-        # lookup must ask Postgres again.
+            return entered, asked, message
+        # Perhaps only this process's view of the worker was old: ask Postgres again.
         forget_cached_callers()
         fresh = await _restarted_target(call, target, entered.code)
         if fresh is None:
-            break
-        # The worker restarted since this process last looked (within its cache's second):
-        # the call never entered, so it enters once more, signed for the new incarnation,
-        # under the same entry id (its request id names it). The refusal's own wake-up is
-        # taken first, or the new wait would read it.
+            return entered, asked, message
+        # The call never entered, so it enters under the same entry id (its request id names
+        # it). The refusal's own wake-up is taken first, or the next wait would read it.
         await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
         target = fresh
+
+
+def _signed_message(
+    call: Call, target: Target, budgets: Budgets, expires: datetime
+) -> tuple[str, str]:
+    # Signed against the incarnation the offer was read with: a call entering under another
+    # one is refused by the grant (WORKER_OFFLINE), and the worker drops it as stale.
+    command_timeout = deadlines.command_timeout_ms(
+        request=call.request, job_timeout_ms=budgets.policy.job_timeout_ms
+    )
+    assignment = _assignment(call, target.incarnation_id, budgets.exec_ms, command_timeout)
+    return assignment_message(assignment, expires=expires)
+
+
+async def _enter_once(
+    call: Call,
+    queue: AsyncQueue,
+    budgets: Budgets,
+    target: Target,
+    entry_budget_ms: int,
+    envelope: str,
+    row: str,
+    clock: Clock,
+) -> Entered:
+    return await queue.enter(
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        key=isolation_key(call.request),
+        queue_budget_ms=entry_budget_ms,
+        exec_budget_ms=budgets.exec_ms,
+        queue_limit=budgets.policy.worker_queue_limit,
+        slot_ceiling=budgets.policy.max_lease_slots,
+        operation=call.operation,
+        workspace_id=str(call.request["workspaceId"]),
+        needs=call_needs(call.request),
+        envelope=envelope,
+        durable=call.durable,
+        incarnation=target.incarnation_id,
+        key_id=call.caller.key_id,
+        row=row,
+        row_ttl_ms=budgets.life_ms + DURABLE_KEEP_MS,
+        now_ms=clock.scripts_ms(),
+    )
+
+
+def refusal_at_entry(worker_id: str, entered: Entered, asked: float) -> refusals.Refusal | None:
+    """The refusal for a call the queue did not take (None: granted or waiting). `asked`:
+    when the enter was sent, on the service's monotonic clock."""
     if entered.status == "full":
-        # Taken as full for a moment (api/burst.py answers the caller's next calls to this
-        # worker from memory meanwhile): a burst costs one queue script per moment, not one
-        # per call. A place that frees within it goes to a call of another caller, or to this
-        # caller's first call after it.
-        raise refusals.queue_full(
-            call.worker_id,
+        # Taken as full for a moment, during which the edge answers the caller's next calls to
+        # this worker without asking the queue: a burst costs one queue script per moment, not
+        # one per call.
+        return refusals.queue_full(
+            worker_id,
             entered.held,
             holds_until=asked + settings.SLUICE_FULL_QUEUE_HOLD_MS / 1000,
         )
     if entered.status == "offline":
-        raise refusals.worker_offline(call.worker_id)
-    if entered.status == "refused":
-        if entered.code == "WORKER_MISMATCH":
-            raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
-        if entered.code == "UNAUTHENTICATED":
-            # Revoked a moment ago; this process's caller cache had not seen it yet.
-            raise refusals.key_revoked()
-        raise refusals.worker_offline(call.worker_id)
+        return refusals.worker_offline(worker_id)
+    if entered.status != "refused":
+        return None
+    if entered.code == "WORKER_MISMATCH":
+        return refusals.worker_mismatch(withdrawn_message(worker_id))
+    if entered.code == "UNAUTHENTICATED":
+        # Revoked a moment ago; this process's caller cache had not seen it yet.
+        return refusals.key_revoked()
+    return refusals.worker_offline(worker_id)
+
+
+def _mark_entered(call: Call, entered: Entered) -> None:
     assert entered.ticket is not None  # granted or waiting: the script gave it one
-    draft.entered(entered.ticket)
+    call.draft.entered(entered.ticket)
     call.entered.set()
     if call.hooks is not None:
         call.hooks.entered()
-    waited = entered.grant is None
     if entered.grant is not None and entered.grant.dispatched:
         # From the grant on, the assignment may have reached the worker.
         call.dispatched = True
+
+
+async def _grant_awaited(
+    call: Call,
+    queue: AsyncQueue,
+    budgets: Budgets,
+    entered: Entered,
+    woken: asyncio.Event,
+    clock: Clock,
+) -> Grant:
+    """The call's grant, given at entry or waited for. A waiter that goes away, or whose wait
+    breaks on Redis, takes its entry out, so a grant nobody will use does not hold the key."""
+    policy = budgets.policy
+    # A durable call outlives this process: a shutdown leaves it queued.
+    marked = (
+        contextlib.nullcontext()
+        if call.durable
+        else shutdown.waiting(call.worker_id, call.entry_id)
+    )
     try:
-        # A durable call outlives this process: a shutdown leaves it queued.
-        marked = (
-            contextlib.nullcontext()
-            if call.durable
-            else shutdown.waiting(call.worker_id, call.entry_id)
-        )
         with marked:
-            if waited and shutdown.stopping() and not call.durable:
+            if entered.grant is None and shutdown.stopping() and not call.durable:
                 # Entered after the shutdown sweep: leave as the sweep would have made it.
-                await queue.leave(
-                    worker_id=call.worker_id,
-                    entry_id=call.entry_id,
-                    slot_ceiling=policy.max_lease_slots,
-                    message=shutdown.MESSAGE,
-                    now_ms=clock.scripts_ms(),
-                )
-            grant = entered.grant or await _wait_for_grant(
-                call, queue, policy, queue_deadline, clock
+                await _leave(call, queue, policy, clock, message=shutdown.MESSAGE)
+            return entered.grant or await _wait_for_grant(
+                call, queue, policy, budgets.queue_deadline, woken, clock
             )
     except asyncio.CancelledError:
         if call.durable:
             # Only this process's end cancels a durable call's watcher: the call stays queued.
             raise
-        draft.went_away()
+        call.draft.went_away()
         await asyncio.shield(_leave_or_release(call, queue, policy, clock))
         raise
     except RedisError:
-        # The wait broke (say, Redis restarted under it): take the entry out if Redis is back,
-        # so a grant nobody will use does not hold the key.
         await asyncio.shield(_leave_or_release(call, queue, policy, clock))
         raise
-    admitted_at = clock.monotonic()
-    draft.admitted(grant.slot, waited_ms=int((admitted_at - draft.started_monotonic) * 1000))
+
+
+async def _dispatch_if_scripts_could_not(
+    call: Call,
+    queue: AsyncQueue,
+    policy: Policy,
+    grant: Grant,
+    *,
+    waited: bool,
+    message: tuple[str, str],
+    clock: Clock,
+) -> None:
+    """The API's part of "the grant is the dispatch" (admission/queue.py): where the grant
+    script could not reach the broker (`grant.dispatched` false: admission on a Redis
+    Cluster, whose broker is a Redis of its own), this process pushes the call's message.
+
+    The script checks revoked keys before it dispatches; here a call that waited re-checks
+    its key in Postgres, and one revoked meanwhile frees its slot and never runs."""
     if not grant.dispatched:
-        # The scripts could not reach the broker (admission on a Redis Cluster): push it here,
-        # unless the key was revoked while the call waited (it must not run: 401, not started).
-        # Where the grant dispatched by itself, the script checked the revocation markers.
         if waited and not await in_db_thread(caller_key_valid, caller=call.caller):
-            await asyncio.shield(
-                queue.release(
-                    worker_id=call.worker_id,
-                    entry_id=call.entry_id,
-                    ticket=grant.ticket,
-                    slot_ceiling=policy.max_lease_slots,
-                    now_ms=clock.scripts_ms(),
-                )
-            )
+            await asyncio.shield(_release(call, queue, policy, grant, clock))
             raise refusals.key_revoked()
         call.dispatched = True
         try:
-            await async_broker().lpush(broker_key, envelope)
+            await async_broker().lpush(*message)
         except Exception:
             log.warning("dispatch failed; waiting out the exec deadline", exc_info=True)
     call.dispatched = True
-    call.exec_deadline = admitted_at + exec_ms / 1000
+
+
+async def _result_awaited(
+    call: Call,
+    queue: AsyncQueue,
+    grant: Grant,
+    policy: Policy,
+    admitted_at: float,
+    woken: asyncio.Event,
+    clock: Clock,
+) -> dict[str, Any]:
+    assert call.exec_deadline is not None
     try:
-        message = await _wait_for_result(call, queue, grant, call.exec_deadline, policy, clock)
+        message = await _wait_for_result(
+            call, queue, grant, call.exec_deadline, policy, woken, clock
+        )
     except asyncio.CancelledError:
-        draft.went_away()
+        call.draft.went_away()
         raise
     finally:
-        draft.ran(int((clock.monotonic() - admitted_at) * 1000))
+        call.draft.ran(int((clock.monotonic() - admitted_at) * 1000))
     return await settlement_answer(call, message)
 
 
@@ -709,23 +813,11 @@ async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy, clock
     (its grant dispatched it) and is left alone, unless its envelope still waits for this
     process to push it: then the slot is freed and the call never runs."""
     try:
-        status, grant = await queue.leave(
-            worker_id=call.worker_id,
-            entry_id=call.entry_id,
-            slot_ceiling=policy.max_lease_slots,
-            code="CLIENT_DISCONNECTED",
-            now_ms=clock.scripts_ms(),
-        )
+        status, grant = await _leave(call, queue, policy, clock, code="CLIENT_DISCONNECTED")
         if status == "running" and grant is not None and grant.dispatched:
             call.dispatched = True
         elif status == "running" and grant is not None:
-            await queue.release(
-                worker_id=call.worker_id,
-                entry_id=call.entry_id,
-                ticket=grant.ticket,
-                slot_ceiling=policy.max_lease_slots,
-                now_ms=clock.scripts_ms(),
-            )
+            await _release(call, queue, policy, grant, clock)
     except RedisError:
         # Still in the queue, where any grant dispatches it: it may run.
         call.maybe_queued = True
@@ -733,3 +825,34 @@ async def _leave_or_release(call: Call, queue: AsyncQueue, policy: Policy, clock
             "could not take a departed waiter out of the queue; it expires at its deadline",
             exc_info=True,
         )
+
+
+async def _leave(
+    call: Call,
+    queue: AsyncQueue,
+    policy: Policy,
+    clock: Clock,
+    *,
+    code: str = "",
+    message: dict[str, Any] | None = None,
+) -> tuple[str, Grant | None]:
+    return await queue.leave(
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        slot_ceiling=policy.max_lease_slots,
+        message=message,
+        code=code,
+        now_ms=clock.scripts_ms(),
+    )
+
+
+async def _release(
+    call: Call, queue: AsyncQueue, policy: Policy, grant: Grant, clock: Clock
+) -> bool:
+    return await queue.release(
+        worker_id=call.worker_id,
+        entry_id=call.entry_id,
+        ticket=grant.ticket,
+        slot_ceiling=policy.max_lease_slots,
+        now_ms=clock.scripts_ms(),
+    )

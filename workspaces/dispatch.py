@@ -1,14 +1,16 @@
-"""Hands an admitted call to the Celery queue of the one worker that must run it.
+"""Builds the message that hands an admitted call to the Celery queue of the one worker that
+must run it.
 
 The message is Celery's own task message (protocol 2, built by Celery: `app.amqp.as_task_v2`)
-in the envelope kombu's Redis transport keeps in a queue's list, and the API pushes it with
-its asyncio Redis client. The worker consumes its queue with Celery as usual.
+in the envelope kombu's Redis transport keeps in a queue's list. The call enters its admission
+queue with it, and whoever grants the call pushes it: the admission script itself, or the
+waiting API process where the scripts cannot reach the broker (admission/queue.py says which).
+The worker consumes its queue with Celery as usual.
 
 Why not `apply_async`: it is synchronous, so the event loop would hand it to a thread, and
-kombu builds a new Redis client for every message it publishes. Together that was about 1 ms
-of the ≤ 5 ms a call may add on a 2-core machine (docs/benchmarks.md); one LPUSH from the loop
-is a fifth of that. tests/workspaces/test_dispatch_message.py holds the envelope to the one
-kombu writes itself, so a Celery or kombu upgrade that changes it fails there first.
+kombu builds a new Redis client for every message it publishes (docs/benchmarks.md, "Celery
+publish"). tests/workspaces/test_dispatch_message.py holds the envelope to the one kombu
+writes itself, so a Celery or kombu upgrade that changes it fails there first.
 """
 
 from __future__ import annotations

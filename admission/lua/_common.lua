@@ -190,14 +190,34 @@ local REFUSED_KIND = {
   UNAUTHENTICATED = 'revoked', WORKER_OFFLINE = 'offline', WORKER_MISMATCH = 'mismatch',
 }
 
+-- The one place a script dispatches a granted call: its envelope goes onto the worker's
+-- Celery queue list, or, for the first one when D.take is set, to the settling worker thread,
+-- which runs it next (D.taken: a same-worker handoff skips the broker hop). False when this
+-- script cannot reach the broker (a Redis Cluster) or the call has no envelope: its waiting
+-- API process then pushes it (admission/services.py).
+local function dispatch(e)
+  local envelope = D.env and D.broker and redis.call('HGET', D.env, e.id) or nil
+  if not envelope then
+    return false
+  end
+  if D.take and D.taken == nil then
+    D.taken = envelope
+    -- And its entry as the grant saves it: the settler reads its grant from it, not from Redis.
+    D.taken_entry = e
+  else
+    redis.call('LPUSH', D.broker, envelope)
+  end
+  redis.call('HDEL', D.env, e.id)
+  e.dp = 1
+  return true
+end
+
 -- Start every waiting entry that may start: a slot is free, its key conflicts with no
 -- running entry and with no older entry that is still waiting. Each takes the lowest free
 -- slot index and gets a fresh exec deadline (admission time + its exec budget). A waiting
 -- entry the registration no longer takes is refused (removed, told, status failed) on the
--- way. A granted entry's envelope is pushed to the worker's Celery queue (dp = 1) when this
--- script can reach it, or, for the first one when D.take is set, handed to the caller in
--- D.taken (the settling worker thread runs it next: a same-worker handoff skips the broker
--- hop); otherwise its waiter must push it and claim the grant (wk = 1).
+-- way. Each granted entry is dispatched (dispatch()); one that could not be must be pushed
+-- and its grant claimed by its waiter (wk = 1).
 -- Granted entries are saved and woken (but skip_id, whose caller is told directly).
 local function grant(entries, now, slots, ke, wake_prefix, skip_id)
   local used, running, blocked, granted = {}, {}, {}, {}
@@ -250,18 +270,7 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     end
   end
   for _, e in ipairs(granted) do
-    local envelope = D.env and D.broker and redis.call('HGET', D.env, e.id) or nil
-    if envelope then
-      if D.take and D.taken == nil then
-        D.taken = envelope
-        -- And its entry as saved below: the settler reads its grant from it, not back from Redis.
-        D.taken_entry = e
-      else
-        redis.call('LPUSH', D.broker, envelope)
-      end
-      redis.call('HDEL', D.env, e.id)
-      e.dp = 1
-    elseif e.id ~= skip_id then
+    if not dispatch(e) and e.id ~= skip_id then
       e.wk = 1
     end
     redis.call('HSET', ke, e.id, cjson.encode(e))

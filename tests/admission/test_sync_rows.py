@@ -8,26 +8,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
 import redis
-from test_durable_rows import OFFER, T0, WALL0, rows, run, settle, status_of
+from rowkit import T0, WALL0, rows, run, settle, status_of
 
 from admission.completion import CompletionDraft, completion_emit_many
 from admission.durable import SYNC_ROW_GRACE_MS, DurableSweeper
-from admission.queue import AsyncQueue, SyncQueue, durable_index_key, worker_keys
+from admission.queue import AsyncQueue, durable_index_key, worker_keys
 
 QUEUE_MS, EXEC_MS = 10_000, 6_000
-
-
-@pytest.fixture
-def worker(account_factory: Any, sync_redis: redis.Redis, redis_prefix: str, settings: Any) -> Any:
-    # Rows go to a stream under this test's prefix, so nothing else drains or sees them.
-    settings.REDIS_KEY_PREFIX = redis_prefix
-    account = account_factory()
-    SyncQueue(sync_redis, redis_prefix).register_incarnation(
-        worker_id=account.worker_id, incarnation="inc1", slots=1, ttl_ms=60_000, offer=OFFER
-    )
-    return account
 
 
 async def enter(q: AsyncQueue, worker_id: str, entry_id: str, now: int) -> tuple[Any, Any]:
