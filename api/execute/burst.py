@@ -17,13 +17,14 @@ cheap, both owned by the edge (`Burst`):
   DRF, Redis or Postgres. When it has run out, one call asks the view again and the others of
   its key wait for that answer.
 
-* **Lines**: per credential and worker, the calls the edge has read and not yet answered.
-  Each holds, or is about to take, a place in that worker's queue, whose limit counts running
-  calls too; so a call that arrives with that many of its line ahead of it finds the queue full
-  by the time its turn comes. It is refused WORKER_QUEUE_FULL before its rate limit, at the
-  edge while the limit a view read for the line is at most `BEYOND_HOLD_S` old, else by its
-  view as soon as the policy is read (the `decided` hook). A burst's refusals thus leave as its
-  calls are read, not after the calls ahead have gone through admission.
+* **Calls in flight**: per credential and worker, the calls the edge has read and not yet
+  answered. Each holds, or is about to take, a place in that worker's queue, whose limit counts
+  running calls too; so a call that arrives with that many of the same credential's calls to
+  the same worker ahead of it finds the queue full by the time its turn comes. It is refused
+  WORKER_QUEUE_FULL before its rate limit: at the edge while the limit a view read is at most
+  `BEYOND_HOLD_S` old, else by its view as soon as the policy is read (the `decided` hook). A
+  burst's refusals thus leave as its calls are read, not after the calls ahead have gone
+  through admission.
 
 Only an answer the view would give that call now is repeated: a valid call (the edge read it
 as Django would: `api/execute/reading.py`), a process not stopping, and for a full queue a
@@ -54,7 +55,7 @@ MEMO_MAX = 4096
 # The answer's headers the server adds itself; a repeated answer gets its own.
 _SERVER_HEADERS = frozenset({"date", "server", "content-length"})
 
-# How long the queue limit a view read for a line answers the calls beyond it at the edge.
+# How long the queue limit a view read answers, at the edge, the calls beyond it.
 BEYOND_HOLD_S = 1.0
 
 MemoKey = tuple[bytes, str, str]
@@ -157,7 +158,7 @@ class Passage:
 
 class Remembered:
     """A refusal that holds, and its answer: as the view sent it, or made from the refusal
-    when first sent (`rendered` None: most limits a line learns are never sent)."""
+    when first sent (`rendered` None: most limits learned are never sent)."""
 
     def __init__(self, holding: Holding, rendered: Answer | None = None) -> None:
         self.holding = holding
@@ -230,15 +231,16 @@ class Memo:
         self.held[key] = remembered
 
 
-class Lines:
-    """Per (credential, worker header): the calls read and not yet answered, and the refusal
+class CallsInFlight:
+    """Per pair (credential, worker header): the calls read and not yet answered, and the refusal
     of a call beyond the worker's queue limit as a view last read that limit."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.now = now
         self.in_flight: dict[tuple[bytes, str], int] = {}
         self.limits: dict[tuple[bytes, str], Remembered] = {}
-        # Per line, set once a view reads the policy again for the calls beyond an old limit.
+        # Per pair: set once a view has read the policy again for the calls beyond an old
+        # limit.
         self.reading: dict[tuple[bytes, str], asyncio.Future[None]] = {}
 
     def ahead(self, key: MemoKey | None) -> int:
@@ -257,7 +259,7 @@ class Lines:
                 del self.in_flight[key[:2]]
 
     def beyond(self, key: MemoKey | None, ahead: int, *, fresh: bool = True) -> Remembered | None:
-        """The refusal of a call with `ahead` calls of its line before it, when they fill the
+        """The refusal of a call with `ahead` calls of its pair before it, when they fill the
         queue by the limit a view read at most BEYOND_HOLD_S ago (any time, not `fresh`)."""
         limit = self.limits.get(key[:2]) if key is not None else None
         if limit is None or (fresh and limit.holding.until <= self.now()):
@@ -280,7 +282,7 @@ class Lines:
         return reading
 
     def read(self, key: MemoKey, reading: asyncio.Future[None] | None = None) -> None:
-        """The line's policy was read (or `reading`, one call's reading, ended): the calls
+        """The pair's policy was read (or `reading`, one call's reading, ended): the calls
         waiting look again."""
         if reading is None or self.reading.get(key[:2]) is reading:
             reading = self.reading.pop(key[:2], None)
@@ -288,7 +290,7 @@ class Lines:
             reading.set_result(None)
 
     def learn(self, key: MemoKey, draft: CompletionDraft, policy: Policy) -> Refusal:
-        """A view read the line's policy: the refusal of a call beyond its limit, for the
+        """A view read the pair's policy: the refusal of a call beyond its limit, for the
         next BEYOND_HOLD_S."""
         refusal = refusals.queue_full(
             draft.worker_id, policy.worker_queue_limit, holds_until=self.now() + BEYOND_HOLD_S
@@ -303,29 +305,29 @@ class Lines:
 
 @dataclass
 class Arrival:
-    """A call counted in its line from the moment the edge read it (not from when its task
+    """A call counted in flight from the moment the edge read it (not from when its task
     first runs, which on a loop busy with a burst is hundreds of arrivals later), and how many
-    of its line were ahead of it then. Leaves its line once."""
+    calls of its pair were ahead of it then. Counted out once."""
 
-    lines: Lines
+    calls: CallsInFlight
     key: MemoKey | None
     ahead: int
     # Whether a full queue may answer it before the view's own checks (`queue_checked_first`).
     countable: bool
-    # Its line ahead of it fills the queue by the last limit read: only the line answers it.
+    # The calls ahead fill the queue by the last limit read: a full queue answers it, if any.
     beyond: bool = False
     gone: bool = False
 
     def leave(self) -> None:
         if not self.gone:
             self.gone = True
-            self.lines.left(self.key)
+            self.calls.left(self.key)
 
 
 @dataclass
 class GateHooks:
-    """A call's AdmissionHooks. Once its policy is read, the line learns the queue limit, and
-    the call is refused if its line ahead of it fills the queue. Once it is in its worker's
+    """A call's AdmissionHooks. Once its policy is read, the queue limit is learned, and the
+    call is refused if the calls of its pair ahead of it fill the queue. Once it is in its worker's
     queue, it gives its gate place to the next call, and the calls of its key waiting for its
     answer go on (it is no refusal)."""
 
@@ -334,14 +336,14 @@ class GateHooks:
     arrival: Arrival
     read: ReadCall | None
     asking: bool
-    # Refused by `decided`: its answer is the line's, not one for the memo.
+    # Refused by `decided`: its answer is for the calls beyond, not one for the memo.
     beyond: bool = False
 
     def decided(self, policy: Policy) -> Refusal | None:
         key = self.arrival.key
         if key is None or self.read is None:
             return None
-        refusal = self.burst.lines.learn(key, self.read.draft, policy)
+        refusal = self.burst.in_flight.learn(key, self.read.draft, policy)
         self.beyond = self.arrival.countable and self.arrival.ahead >= policy.worker_queue_limit
         return refusal if self.beyond else None
 
@@ -356,24 +358,24 @@ View = Callable[[GateHooks | None], Awaitable[HttpResponseBase]]
 
 
 class Burst:
-    """The gate, the refusals that hold and the lines, for one process's edge."""
+    """The gate, the refusals that hold and the calls in flight, for one process's edge."""
 
     def __init__(self, width: Callable[[], int]) -> None:
         self.gate = Gate(width)
         self.memo = Memo()
-        self.lines = Lines()
+        self.in_flight = CallsInFlight()
 
     def arrive(self, read: ReadCall | None, credential: bytes) -> Answer | Arrival:
         """The answer held for this call as it arrives (its row written), or its `Arrival`,
-        counted in its line, for `through`."""
+        counted in flight, for `through`."""
         key = memo_key(read, credential)
-        ahead, countable = self.lines.ahead(key), queue_checked_first(read)
-        beyond = countable and self.lines.beyond(key, ahead, fresh=False) is not None
-        arrival = Arrival(self.lines, key, ahead, countable, beyond)
+        ahead, countable = self.in_flight.ahead(key), queue_checked_first(read)
+        beyond = countable and self.in_flight.beyond(key, ahead, fresh=False) is not None
+        arrival = Arrival(self.in_flight, key, ahead, countable, beyond)
         answer = self._held(read, arrival)
         if answer is not None:
             return answer
-        self.lines.arrived(key)
+        self.in_flight.arrived(key)
         return arrival
 
     def _held(self, read: ReadCall | None, arrival: Arrival) -> Answer | None:
@@ -382,7 +384,7 @@ class Burst:
         if key is None or read is None:
             return None
         if arrival.beyond:
-            remembered = self.lines.beyond(key, arrival.ahead)
+            remembered = self.in_flight.beyond(key, arrival.ahead)
         else:
             remembered = self.memo.holding(key)
         if remembered is None or not applies(remembered, read):
@@ -399,13 +401,13 @@ class Burst:
         abandoned: Callable[[], None],
     ) -> HttpResponseBase | Answer:
         """The call's answer: a refusal that holds for it (its row written), else its view's.
-        A call beyond its line's old limit needs only the limit read again; the others wait
+        A call beyond an old limit needs only the limit read again; the others wait
         their turn at the gate. `abandoned` writes the row of a call whose client went away
         while it waited."""
         passage, reading, asking = None, None, False
         try:
             if arrival.beyond and arrival.key is not None:
-                reading = await self.lines.read_again(arrival.key)
+                reading = await self.in_flight.read_again(arrival.key)
             else:
                 passage, asking = await self._turn(arrival, credential)
         except asyncio.CancelledError:
@@ -420,7 +422,7 @@ class Burst:
                 passage.release()
             arrival.leave()
             if arrival.key is not None and reading is not None:
-                self.lines.read(arrival.key, reading)
+                self.in_flight.read(arrival.key, reading)
             if arrival.key is not None and asking:
                 self.memo.asked(arrival.key)
 

@@ -1,5 +1,5 @@
 """The burst machinery of the execute edge (api/execute/burst.py), one part at a time, on a
-fake clock: the credential's gate, the refusals that hold, the lines."""
+fake clock: the credential's gate, the refusals that hold, the calls in flight."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.http import HttpResponse
 
 from admission import refusals
 from admission.completion import CompletionDraft
-from api.execute.burst import Gate, Lines, Memo, Passage
+from api.execute.burst import CallsInFlight, Gate, Memo, Passage
 from api.execute.view import Holding
 
 
@@ -118,71 +118,71 @@ def test_a_refusal_is_recalled_until_it_runs_out_then_one_call_asks_again() -> N
     asyncio.run(scenario())
 
 
-def _learn(lines: Lines, key: Any, limit: int) -> None:
-    """A view of the line read a policy with this queue limit, for a caller of tenant t."""
+def _learn(calls: CallsInFlight, key: Any, limit: int) -> None:
+    """A view read a policy with this queue limit, for a caller of tenant t."""
     policy: Any = SimpleNamespace(worker_queue_limit=limit)
-    lines.learn(key, CompletionDraft(tenant_hash="t", principal_hash="p", worker_id="w"), policy)
+    calls.learn(key, CompletionDraft(tenant_hash="t", principal_hash="p", worker_id="w"), policy)
 
 
-def test_lines_tell_a_call_beyond_its_queue_limit_once_the_limit_is_known() -> None:
-    lines = Lines()
+def test_calls_in_flight_tell_a_call_beyond_its_queue_limit_once_the_limit_is_known() -> None:
+    calls = CallsInFlight()
     key = (b"a", "w", "read_file")
     other_op, other_worker = (b"a", "w", "execute_command"), (b"a", "w2", "read_file")
     for _ in range(3):
-        lines.arrived(key)
-    assert lines.beyond(key, lines.ahead(key)) is None  # no limit read for the line yet
-    _learn(lines, key, 2)
-    assert lines.beyond(key, lines.ahead(key)) is not None
-    # A line is the credential and the worker, whatever the operation.
-    assert lines.ahead(other_op) == 3 and lines.ahead(other_worker) == 0
-    lines.left(key)
-    assert lines.beyond(key, lines.ahead(key)) is not None  # two ahead: the limit
-    lines.left(key)
-    assert lines.beyond(key, lines.ahead(key)) is None  # one ahead, under the limit of two
-    lines.left(key)
-    assert lines.in_flight == {}
+        calls.arrived(key)
+    assert calls.beyond(key, calls.ahead(key)) is None  # no limit read for the pair yet
+    _learn(calls, key, 2)
+    assert calls.beyond(key, calls.ahead(key)) is not None
+    # A pair is the credential and the worker, whatever the operation.
+    assert calls.ahead(other_op) == 3 and calls.ahead(other_worker) == 0
+    calls.left(key)
+    assert calls.beyond(key, calls.ahead(key)) is not None  # two ahead: the limit
+    calls.left(key)
+    assert calls.beyond(key, calls.ahead(key)) is None  # one ahead, under the limit of two
+    calls.left(key)
+    assert calls.in_flight == {}
 
 
-def test_lines_answer_a_call_beyond_the_limit_only_while_the_limit_read_is_fresh() -> None:
+def test_a_call_beyond_the_limit_is_answered_only_while_the_limit_read_is_fresh() -> None:
     clock = [100.0]
-    lines = Lines(now=lambda: clock[0])
+    calls = CallsInFlight(now=lambda: clock[0])
     key = (b"a", "w", "read_file")
-    _learn(lines, key, 2)
+    _learn(calls, key, 2)
     clock[0] = 100.9
-    made = lines.beyond(key, 2)
+    made = calls.beyond(key, 2)
     assert made is not None and made.answer.status == 429
     assert json.loads(made.answer.content)["code"] == "WORKER_QUEUE_FULL"
     assert (made.holding.tenant_hash, made.holding.worker_id) == ("t", "w")
-    assert lines.beyond(key, 2) is made  # rendered once, for every call of the line
+    assert calls.beyond(key, 2) is made  # rendered once, for every call of the pair
     clock[0] = 101.0
     # Not once the limit read is a second old: a view must read it again.
-    assert lines.beyond(key, 2) is None and lines.beyond(key, 2, fresh=False) is made
-    _learn(lines, key, 2)
-    assert lines.beyond(key, 2) is not None
+    assert calls.beyond(key, 2) is None and calls.beyond(key, 2, fresh=False) is made
+    _learn(calls, key, 2)
+    assert calls.beyond(key, 2) is not None
 
 
 def test_one_view_reads_an_old_limit_again_and_the_calls_beyond_wait_for_it() -> None:
     async def scenario() -> None:
         clock = [100.0]
-        lines = Lines(now=lambda: clock[0])
+        calls = CallsInFlight(now=lambda: clock[0])
         key = (b"a", "w", "read_file")
-        _learn(lines, key, 2)
+        _learn(calls, key, 2)
         clock[0] = 105.0  # the limit read is old: the first call beyond reads it again
-        reading = await lines.read_again(key)
+        reading = await calls.read_again(key)
         assert reading is not None
-        waiting = asyncio.create_task(lines.read_again(key))
+        waiting = asyncio.create_task(calls.read_again(key))
         await asyncio.sleep(0)
         assert not waiting.done()
-        _learn(lines, key, 2)  # its view read the policy: the others need no view
+        _learn(calls, key, 2)  # its view read the policy: the others need no view
         assert await asyncio.wait_for(waiting, 1) is None
-        lines.read(key, reading)  # its view ended: nothing else is read again
-        assert lines.reading == {}
+        calls.read(key, reading)  # its view ended: nothing else is read again
+        assert calls.reading == {}
         clock[0] = 110.0
-        again = await lines.read_again(key)
+        again = await calls.read_again(key)
         assert again is not None
-        lines.read(key, reading)  # an earlier reading's end leaves a later one alone
-        assert lines.reading[key[:2]] is again
-        lines.read(key, again)
-        assert again.done() and lines.reading == {}
+        calls.read(key, reading)  # an earlier reading's end leaves a later one alone
+        assert calls.reading[key[:2]] is again
+        calls.read(key, again)
+        assert again.done() and calls.reading == {}
 
     asyncio.run(scenario())

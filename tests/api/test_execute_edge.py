@@ -201,7 +201,7 @@ def test_a_refusal_held_in_memory_is_answered_at_the_edge_word_for_word(
     )
     (_, second, third), viewed, rows = _calls(headers, body, 3, caplog)
     # The first call took the one unit; the second was refused by the view, and that refusal
-    # holds; the third got it from memory: the view was not asked again.
+    # holds; the edge repeated it to the third: the view was not asked again.
     assert second[0]["status"] == 429
     assert json.loads(second[1]["body"])["error"] == "rate_limited"
     assert viewed == 2
@@ -260,7 +260,7 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
     while the calls ahead of them still wait for their turn to enter (here: their queue script
     held back); those ahead are not refused by it. With the limit read just now (by the first
     call ahead) the edge answers them all, with no view, also when they arrive together with
-    the calls ahead (all read before any is counted in its line). With the limit read 10 s
+    the calls ahead (all read before any is counted in flight). With the limit read 10 s
     ago, one view reads the policy again and refuses its
     call, and the others get the edge's answer, word for word the view's."""
     from django.test import Client
@@ -336,9 +336,9 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
             await asyncio.sleep(0)
         views_ahead = len(viewed)
         if limit_read_s_ago:
-            # The lines' clock moves on: the limit read by the first call is that old now.
-            now = EDGE.burst.lines.now
-            monkeypatch.setattr(EDGE.burst.lines, "now", lambda: now() + limit_read_s_ago)
+            # The clock of the calls in flight moves on: the limit read by the first call is that old now.
+            now = EDGE.burst.in_flight.now
+            monkeypatch.setattr(EDGE.burst.in_flight, "now", lambda: now() + limit_read_s_ago)
         # Three of the credential's calls in flight (or on their way, `together`): the next
         # five are beyond the limit.
         beyond = await asyncio.wait_for(asyncio.gather(*(call() for _ in range(5))), 30)
@@ -350,7 +350,7 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
         gone.set()
         await asyncio.wait_for(asyncio.gather(*ahead), 30)
         await EDGE.emissions.flush()
-        assert EDGE.burst.lines.in_flight == {}  # every call counted left its line
+        assert EDGE.burst.in_flight.in_flight == {}  # every call counted was counted out
         return beyond, entered_meanwhile, viewed_for_beyond
 
     caplog.set_level(logging.INFO, logger="sluice.completion")
