@@ -135,11 +135,7 @@ class Gate:
             if not turn.done():
                 turn.set_result(None)
                 return
-        left = self._passing[credential] - 1
-        if left:
-            self._passing[credential] = left
-        else:
-            del self._passing[credential]
+        count_down(self._passing, credential)
 
 
 @dataclass
@@ -252,11 +248,7 @@ class CallsInFlight:
 
     def left(self, key: MemoKey | None) -> None:
         if key is not None:
-            left = self.in_flight[key[:2]] - 1
-            if left:
-                self.in_flight[key[:2]] = left
-            else:
-                del self.in_flight[key[:2]]
+            count_down(self.in_flight, key[:2])
 
     def beyond(self, key: MemoKey | None, ahead: int, *, fresh: bool = True) -> Remembered | None:
         """The refusal of a call with `ahead` calls of its pair before it, when they fill the
@@ -449,6 +441,15 @@ class Burst:
             passage.release()
             raise
         return passage, remembered is None and arrival.key in self.memo.asking
+
+
+def count_down(counts: dict[Any, int], key: Any) -> None:
+    """One less for `key`; its entry goes with its last one (the counts stay bounded)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 def memo_key(read: ReadCall | None, credential: bytes) -> MemoKey | None:

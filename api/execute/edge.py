@@ -32,7 +32,7 @@ from admission.completion import CompletionDraft, emit_row
 from admission.refusals import Refusal
 from api.bridge import BRIDGE_PREFIX, bridge_rate_refusal
 from api.execute import body as edge_body
-from api.execute.burst import Answer, Arrival, Burst, GateHooks
+from api.execute.burst import Answer, Arrival, Burst, GateHooks, count_down
 from api.execute.context import EdgeContext, EdgeRequest, Emissions
 from api.execute.reading import ReadCall, describe_headers, is_execute, read_at_edge, scope_headers
 from api.execute.view import execute_abandoned, rendered_refusal
@@ -66,11 +66,7 @@ class InFlight:
             yield True
         finally:
             self.total -= 1
-            left = self.by_key[key] - 1
-            if left:
-                self.by_key[key] = left
-            else:
-                del self.by_key[key]
+            count_down(self.by_key, key)
 
 
 @dataclass
