@@ -11,13 +11,12 @@ from rest_framework.request import Request
 
 from admission import refusals
 from admission.dbthread import in_db_thread
+from api.execute.context import edge_of
 from workspaces.access import Caller, caller_for_api_key
 from workspaces.auth import bearer_token
 from workspaces.models import Worker
 from workspaces.secrets import hash_secret
 
-# request.META flag set by config/asgi.py: this process was at its limit of calls in flight.
-OVERLOADED_FLAG = "sluice.overloaded"
 API_KEY_REQUIRED = "A valid API key is required (Authorization: Bearer <key>)."
 
 
@@ -56,9 +55,9 @@ class AsyncApiKeyAuthentication(ApiKeyAuthentication):
     """
 
     async def authenticate(self, request: Request) -> tuple[Any, str] | None:  # type: ignore[override]
-        if request._request.META.get(OVERLOADED_FLAG):
-            # config/asgi.py found this process at its limit of calls in flight: refused
-            # before any lookup, so an overload costs no query.
+        if edge_of(request._request).overloaded:
+            # Past a cap of calls in flight (api/execute/edge.py): refused before any lookup,
+            # so an overload costs no query.
             raise refusals.service_overloaded()
         token = bearer_token(get_authorization_header(request))
         view = request.parser_context.get("view") if request.parser_context else None

@@ -23,10 +23,11 @@ from admission.connections import async_queue
 from admission.durable import durable_status, durable_submit, request_not_found
 from admission.queue import dispatch_in_redis
 from admission.refusals import Refusal
-from admission.services import Call
 from api.authentication import ApiUser, AsyncApiKeyAuthentication
 from api.base import AsyncApiView
 from api.errors import method_not_allowed, status_of
+from api.execute.cancel import WorkspaceToolsRequestCancelApi
+from api.execute.view import WorkspaceToolsExecuteApi
 from api.schema.answers import (
     BY_REQUEST_ID_CODES,
     DURABLE_SUBMIT_CODES,
@@ -35,7 +36,6 @@ from api.schema.answers import (
     operation,
 )
 from api.schema.components import Capabilities, DurableStatus, execute_request
-from api.workspace_tools import WorkspaceToolsExecuteApi, WorkspaceToolsRequestCancelApi
 
 
 class CapabilitiesApi(AsyncApiView):
@@ -79,20 +79,7 @@ class DurableSubmitApi(WorkspaceToolsExecuteApi):
             )
         if not dispatch_in_redis():
             raise Refusal("NOT_FOUND", "Durable requests are not offered here.")
-        if self.resolved.worker_id is None:
-            raise refusals.no_worker_selected()
-        self.draft.describe(worker_id=self.resolved.worker_id)
-        self.call = call = Call(
-            caller=caller,
-            request=self.parsed.body,
-            worker_id=self.resolved.worker_id,
-            queue_wait_header_ms=self.parsed.queue_wait_ms,
-            request_id=self.parsed.request_id,
-            draft=self.draft,
-            target=self.resolved.target,
-            refresh_target=self.refresh_target,
-            durable=True,
-        )
+        call = self.new_call(caller, durable=True)
         status = await durable_submit(call, queue=self.queue, status_of=status_of)
         # A plain Response: a queued call's row is written when it ends, a repeat's never.
         headers = call.response_headers if call.entered.is_set() else {}

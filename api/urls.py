@@ -8,10 +8,10 @@ from api.bridge import (
     BridgeWorkerRevokeApi,
     BridgeWorkerStatusApi,
 )
+from api.execute.view import WorkspaceToolsExecuteApi
 from api.requests import CapabilitiesApi, DurableRequestApi, DurableSubmitApi
 from api.schema.docs import SchemaApi, SchemaDocsApi
 from api.workers import WorkerDeregisterApi, WorkerHeartbeatApi, WorkerRegisterApi
-from api.workspace_tools import WorkspaceToolsExecuteApi
 
 urlpatterns = [
     path("v1/workspace-tools/execute", WorkspaceToolsExecuteApi.as_view(), name="execute"),

@@ -1,5 +1,5 @@
 """What one refusal costs Sluice's own code, in this process, on the real ASGI application
-(no uvicorn, no client): a refusal held in memory (api/burst.py) answered at the edge, and the
+(no uvicorn, no client): a refusal that holds (api/execute/burst.py) answered at the edge, and the
 same call answered by the view (Django's request, DRF, the policy and rate-limit scripts).
 
     .venv/bin/python benchmarks/edge.py [--calls 2000]
@@ -33,9 +33,9 @@ def main() -> int:
     owner = harness.account("edge-w", tenant="edge")
     from livesupport import asgi_scope
 
-    from api import burst
-    from api.workspace_tools import emissions_flush
     from config.asgi import application
+
+    edge = application.edge
 
     body = json.dumps(
         {"protocolVersion": 1, "operation": "read_file", "workspaceId": "repo", "path": "a"}
@@ -71,9 +71,9 @@ def main() -> int:
         started = time.perf_counter()
         for _ in range(args.calls):
             if forget:
-                burst.MEMO.held.clear()
+                edge.burst.memo.held.clear()
             await call()
-        await emissions_flush()
+        await edge.emissions.flush()
         return (time.perf_counter() - started) * 1e6 / args.calls
 
     async def run() -> dict[str, Any]:

@@ -245,7 +245,7 @@ SLUICE_BRIDGE_REDEEM_RATE_LIMIT = env_str("SLUICE_BRIDGE_REDEEM_RATE_LIMIT", "20
 # Of one credential's calls, how many may be on their way into admission at once (from the
 # edge until they are in their worker's queue or answered); the others wait their turn in
 # arrival order, at no cost: one credential's burst takes this much of the event loop, not all
-# of it (api/burst.py). A call that waits in its queue has left this count.
+# of it (api/execute/burst.py). A call that waits in its queue has left this count.
 SLUICE_ADMITTING_PER_KEY = env_int("SLUICE_ADMITTING_PER_KEY", 4, low=1, high=10_000)
 # A worker's queue found full is taken as full this long for the caller that found it: its
 # next calls to that worker are refused from memory meanwhile (0: every call asks Redis).

@@ -16,7 +16,7 @@ from admission import completion
 from admission.completion import CompletionDraft, completion_emit_many, metrics_key, stream_key
 from admission.connections import async_queue
 from admission.refusals import Refusal
-from api import workspace_tools as views
+from api.execute.context import Emission, Emissions
 
 
 @pytest.fixture(autouse=True)
@@ -46,10 +46,11 @@ def test_an_emission_writes_its_row_once_however_often_it_is_triggered() -> None
     draft = finished_draft()
 
     async def run() -> None:
-        emission = views._Emission(draft, async_queue())
+        emissions = Emissions()
+        emission = Emission(draft, async_queue(), emissions)
         emission()  # the response's close
         emission()  # the fallback timer, later
-        await views.emissions_flush()
+        await emissions.flush()
 
     asyncio.run(run())
     assert rows_of(draft.uid) == 1
@@ -59,10 +60,11 @@ def test_a_process_about_to_stop_writes_the_rows_not_written_yet() -> None:
     draft = finished_draft()
 
     async def run() -> None:
-        emission = views._Emission(draft, async_queue())
-        await views.emissions_flush()  # nobody closed the response, the timer has not fired
+        emissions = Emissions()
+        emission = Emission(draft, async_queue(), emissions)
+        await emissions.flush()  # nobody closed the response, the timer has not fired
         emission()
-        await views.emissions_flush()
+        await emissions.flush()
 
     asyncio.run(run())
     assert rows_of(draft.uid) == 1
@@ -152,7 +154,7 @@ def test_rows_emitted_close_together_go_in_one_round_trip(monkeypatch: Any) -> N
         for _ in range(3):
             await asyncio.sleep(0)
         assert writes == []  # still gathering
-        await views.emissions_flush()
+        await Emissions().flush()
 
     asyncio.run(run())
     assert writes == [3]

@@ -1,5 +1,5 @@
 """A client that goes away cancels its view, even when something inside the view drops the
-first cancel (config/asgi.py `_cancelled`): redis-py sends each command through
+first cancel (api/execute/body.py `cancelled`): redis-py sends each command through
 `asyncio.wait_for`, which on Python 3.11 loses a cancel that lands with the command's result.
 Found as the flake of `test_every_abandoned_post_leaves_exactly_one_completion_row`: its call
 ran and answered 200 for a client long gone."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from config.asgi import _cancelled
+from api.execute.body import cancelled as _cancelled
 
 
 def test_a_view_that_drops_the_first_cancel_is_cancelled_again_and_never_goes_on() -> None:

@@ -1,11 +1,10 @@
-"""The edge's own reading of an execute POST, and a refusal held in memory answered there
-without Django's request, view or response (api/burst.py, config/asgi.py): in this process,
-on the real ASGI application, real Postgres and real Redis."""
+"""The edge's own reading of an execute POST, and a refusal that holds answered there without
+Django's request, view or response (api/execute/): in this process, on the real ASGI
+application, real Postgres and real Redis."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import io
 import json
 import logging
@@ -15,12 +14,13 @@ import pytest
 from django.core.handlers.asgi import ASGIRequest
 from livesupport import asgi_scope
 
-from admission import policy as policy_module
 from admission.completion import CompletionDraft
 from admission.policy import policy_update
-from api import burst
-from api.workspace_tools import emissions_flush, read_call
+from api.execute.burst import Arrival
+from api.execute.reading import read_at_edge, read_call
 from config.asgi import application
+
+EDGE = application.edge
 
 EXECUTE = "/v1/workspace-tools/execute"
 BODY = {"protocolVersion": 1, "operation": "read_file", "workspaceId": "repo", "path": "a.txt"}
@@ -51,7 +51,7 @@ def test_the_edge_reads_a_call_as_django_does() -> None:
             x_librechat_workspace_request_id="req-0123456789abcdef",
         )
     )
-    edge = burst.read_at_edge(scope, body)
+    edge = read_at_edge(scope, body)
     django = _django_read(scope, body)
     assert edge is not None and edge.parsed is not None and django.parsed is not None
     assert edge.parsed == django.parsed
@@ -78,7 +78,7 @@ def test_the_edge_refuses_a_bad_call_as_django_does(
     scope["headers"] = [
         (k, content_type.encode() if k == b"content-type" else v) for k, v in scope["headers"]
     ]
-    edge = burst.read_at_edge(scope, body)
+    edge = read_at_edge(scope, body)
     django = _django_read(scope, body)
     assert edge is not None and edge.invalid is not None and django.invalid is not None
     assert (edge.invalid.code, edge.invalid.message) == (
@@ -117,7 +117,7 @@ def test_the_edge_leaves_to_django_what_it_could_read_otherwise(
         scope["headers"] = [
             (k, scope_change["host"] if k == b"host" else v) for k, v in scope["headers"]
         ]
-    assert burst.read_at_edge(scope, body) is None
+    assert read_at_edge(scope, body) is None
 
 
 async def _call(
@@ -160,7 +160,7 @@ def _calls(
     """`n` POSTs one after another: the messages each got, how many reached Django's handler
     (the view), and the completion rows written (from their log lines)."""
     viewed: list[int] = []
-    run_view = application.run_get_response
+    run_view = EDGE.run_get_response
 
     async def counting(request: Any) -> Any:
         viewed.append(1)
@@ -168,15 +168,15 @@ def _calls(
 
     async def scenario() -> list[list[dict[str, Any]]]:
         answers = [await _call(headers, body) for _ in range(n)]
-        await emissions_flush()
+        await EDGE.emissions.flush()
         return answers
 
     caplog.set_level(logging.INFO, logger="sluice.completion")
-    application.run_get_response = counting  # type: ignore[method-assign]
+    EDGE.run_get_response = counting  # type: ignore[method-assign]
     try:
         answers = asyncio.run(scenario())
     finally:
-        del application.run_get_response
+        del EDGE.run_get_response
     fields = CompletionDraft().row().keys()
     rows = [
         {k: v for k, v in r.__dict__.items() if k in fields}
@@ -201,7 +201,7 @@ def test_a_refusal_held_in_memory_is_answered_at_the_edge_word_for_word(
     )
     (_, second, third), viewed, rows = _calls(headers, body, 3, caplog)
     # The first call took the one unit; the second was refused by the view, and that refusal
-    # holds; the third got it from memory: the view was not asked again.
+    # holds; the edge repeated it to the third: the view was not asked again.
     assert second[0]["status"] == 429
     assert json.loads(second[1]["body"])["error"] == "rate_limited"
     assert viewed == 2
@@ -260,8 +260,8 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
     while the calls ahead of them still wait for their turn to enter (here: their queue script
     held back); those ahead are not refused by it. With the limit read just now (by the first
     call ahead) the edge answers them all, with no view, also when they arrive together with
-    the calls ahead (all read before any is counted in its line). With the limit read 10 s
-    ago (and no policy version read since), one view reads the policy again and refuses its
+    the calls ahead (all read before any is counted in flight). With the limit read 10 s
+    ago, one view reads the policy again and refuses its
     call, and the others get the edge's answer, word for word the view's."""
     from django.test import Client
 
@@ -292,7 +292,7 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
     entering: list[str] = []
     real_enter = AsyncQueue.enter
     viewed: list[int] = []
-    run_view = application.run_get_response
+    run_view = EDGE.run_get_response
 
     async def counting(request: Any) -> Any:
         viewed.append(1)
@@ -300,14 +300,14 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
 
     # The calls that went on past the edge although beyond the limit (to be refused later).
     went_on_beyond: list[int] = []
-    real_through = burst.through
+    real_through = EDGE.burst.through
 
-    async def through(arrival: burst.Arrival, *args: Any) -> Any:
-        if arrival.ahead is not None:
+    async def through(arrival: Arrival, *args: Any) -> Any:
+        if arrival.beyond:
             went_on_beyond.append(arrival.ahead)
         return await real_through(arrival, *args)
 
-    monkeypatch.setattr(burst, "through", through)
+    monkeypatch.setattr(EDGE.burst, "through", through)
 
     async def scenario() -> tuple[list[list[dict[str, Any]]], int, int]:
         let_in, gone, one_more = asyncio.Event(), asyncio.Event(), asyncio.Event()
@@ -336,12 +336,9 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
             await asyncio.sleep(0)
         views_ahead = len(viewed)
         if limit_read_s_ago:
-            # Read 10 s ago, and no version read since (that would make it current).
-            for line, learned in burst.LINES.learned.items():
-                burst.LINES.learned[line] = dataclasses.replace(
-                    learned, at=learned.at - limit_read_s_ago
-                )
-            monkeypatch.setattr(policy_module, "_version_seen", None)
+            # The clock of the calls in flight moves on: the limit read by the first call is that old now.
+            now = EDGE.burst.in_flight.now
+            monkeypatch.setattr(EDGE.burst.in_flight, "now", lambda: now() + limit_read_s_ago)
         # Three of the credential's calls in flight (or on their way, `together`): the next
         # five are beyond the limit.
         beyond = await asyncio.wait_for(asyncio.gather(*(call() for _ in range(5))), 30)
@@ -352,16 +349,16 @@ def test_calls_beyond_their_queue_limit_are_refused_before_those_ahead_have_ente
         await asyncio.wait_for(entries(3), 30)
         gone.set()
         await asyncio.wait_for(asyncio.gather(*ahead), 30)
-        await emissions_flush()
-        assert burst.LINES.in_flight == {}  # every call counted left its line
+        await EDGE.emissions.flush()
+        assert EDGE.burst.in_flight.in_flight == {}  # every call counted was counted out
         return beyond, entered_meanwhile, viewed_for_beyond
 
     caplog.set_level(logging.INFO, logger="sluice.completion")
-    application.run_get_response = counting  # type: ignore[method-assign]
+    EDGE.run_get_response = counting  # type: ignore[method-assign]
     try:
         beyond, entered_meanwhile, viewed_for_beyond = asyncio.run(scenario())
     finally:
-        del application.run_get_response
+        del EDGE.run_get_response
     assert entered_meanwhile == 1  # refused while the calls ahead had not entered
     # Fresh: none reached the view; stale: one view, the other four answered at the edge.
     assert viewed_for_beyond == (1 if limit_read_s_ago else 0)
