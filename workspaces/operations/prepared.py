@@ -1,0 +1,324 @@
+"""A command's sandbox started before its command: bwrap with the call's exact mounts, and
+inside it a shell that waits on its stdin for the command.
+
+Starting bwrap (namespaces, a few dozen mounts) is most of what a sandboxed command costs
+before it runs, so while one command runs the worker starts the sandbox the next command on
+the same isolation key would get. The command, its working directory and its environment
+reach the waiting shell only at hand-off, and the shell then becomes the command (``exec``):
+the process the call waits for, its process group and its PID namespace are the same as for a
+sandbox started at the call. The waiting shell starts with no environment but the worker's
+id (``OWNER_ENV``), so no worker setting is there before the hand-off either.
+
+A prepared sandbox serves at most one command: taking it removes it from the worker's table,
+and only a call with the same worker sandbox, workspace, lane and network can take it. Before
+it is used it must still be what a sandbox started now would be, else it is torn down and the
+call starts a fresh one:
+
+* the same bwrap arguments, rebuilt now: a lane or submodule added since changes the git
+  metadata that must be read-only, and a directory that appeared or went changes the mounts;
+* every bound path shows, inside the sandbox, the same file as on the host now: a bind holds
+  the directory it found, so one renamed and replaced since would otherwise stay bound in
+  the new one's place. Bind mounts are live, so what was written into a bound directory
+  since it was prepared is seen.
+
+One that waits unused is torn down after ``IDLE_S``, when the worker exits, and (bwrap's
+``--die-with-parent``) when the worker is killed; a restarted worker also finds any left by
+``OWNER_ENV`` (workspaces/runtime/orphans.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import json
+import os
+import queue
+import re
+import select
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from workspaces.sandbox import Sandbox, release_git_placeholders, take_git_placeholders
+
+# The waiting shell: one byte says the sandbox is set up, then it runs what arrives on stdin.
+# Input that ends before the command is handed over ends it.
+STUB = "printf .; . /dev/stdin; exit 125"
+IDLE_S = 30.0
+# Sandboxes kept prepared per isolation key. Starting one is mostly waiting (the kernel's
+# namespace and mount set-up), not CPU, so a second one started a command earlier is
+# usually ready for back-to-back commands even when one start outlasts a command.
+AHEAD = 2
+# The most sandboxes one worker keeps prepared in all; past it the oldest goes.
+MAX_PREPARED = 8
+# How long a hand-off waits for a prepared sandbox still being set up.
+READY_WAIT_S = 10.0
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_BINDS = frozenset({"--bind", "--ro-bind"})
+
+
+@dataclass(frozen=True)
+class SandboxKey:
+    """What a prepared sandbox was started for; a call with any other key never gets it."""
+
+    sandbox: Sandbox
+    workspace_root: str
+    worktree: str | None
+    network: bool
+
+
+class PreparedSandbox:
+    """One bwrap whose shell waits for one command."""
+
+    def __init__(self, key: SandboxKey, argv: list[str], *, root: str, env: dict[str, str]) -> None:
+        self.key = key
+        self.argv = argv
+        self.used = False
+        self._placeholders = take_git_placeholders(key.workspace_root, key.worktree)
+        info_read, info_write = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [argv[0], "--info-fd", str(info_write), *argv[1:]],
+                cwd=root,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(info_write,),
+                env=env,
+            )
+        except BaseException:
+            os.close(info_read)
+            release_git_placeholders(self._placeholders)
+            raise
+        finally:
+            os.close(info_write)
+        self._info = info_read
+        self._timer = threading.Timer(IDLE_S, _expire, (self,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def hand_over(self, command: str, *, cwd: str, env: dict[str, str]) -> bool:
+        """Start ``command`` in this sandbox; False (and the sandbox torn down) when it is no
+        longer what a fresh one would be, or did not come up."""
+        if self.used:
+            raise RuntimeError("a prepared sandbox runs one command only")
+        self.used = True
+        self._timer.cancel()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            ready, _, _ = select.select([self.proc.stdout], [], [], READY_WAIT_S)
+            if not ready or os.read(self.proc.stdout.fileno(), 1) != b".":
+                raise OSError("the prepared sandbox did not come up")
+            if not self._mounts_current():
+                raise OSError("the prepared sandbox no longer mounts what it would now")
+            self.proc.stdin.write(_payload(command, cwd=cwd, env=env))
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            self.discard()
+            return False
+        return True
+
+    def _mounts_current(self) -> bool:
+        expected = self.key.sandbox.argv(
+            STUB,
+            workspace_root=self.key.workspace_root,
+            worktree=self.key.worktree,
+            cwd=_chdir_of(self.argv),
+            network=self.key.network,
+        )
+        if expected != self.argv:
+            return False
+        child = int(json.loads(_read_available(self._info) or b"{}").get("child-pid", 0))
+        if not child:
+            return False
+        inside = f"/proc/{child}/root"
+        for path in _bound_paths(self.argv):
+            try:
+                host, seen = os.stat(path), os.stat(inside + path)
+            except OSError:
+                return False
+            if (host.st_dev, host.st_ino) != (seen.st_dev, seen.st_ino):
+                return False
+        return True
+
+    def discard(self) -> None:
+        """Tear the sandbox down: its shell and everything in its PID namespace end."""
+        self.used = True
+        self._timer.cancel()
+        _forget(self)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.release()
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+    def release(self) -> None:
+        """Give back what the sandbox held besides its processes (once its command is over)."""
+        if self._info >= 0:
+            os.close(self._info)
+            self._info = -1
+        taken, self._placeholders = self._placeholders, []
+        release_git_placeholders(taken)
+
+
+_prepared: dict[SandboxKey, list[PreparedSandbox]] = {}
+_pending: collections.Counter[SandboxKey] = collections.Counter()
+_lock = threading.Lock()
+_requests: queue.SimpleQueue[tuple[SandboxKey, str, dict[str, str]]] = queue.SimpleQueue()
+_preparer: threading.Thread | None = None
+
+
+def take(key: SandboxKey) -> PreparedSandbox | None:
+    """The oldest sandbox prepared for exactly ``key``, now no longer anyone else's, or None."""
+    with _lock:
+        ready = _prepared.get(key)
+        prepared = ready.pop(0) if ready else None
+        if ready is not None and not ready:
+            del _prepared[key]
+    if prepared is not None and prepared.proc.poll() is not None:
+        prepared.discard()
+        return None
+    return prepared
+
+
+def prepare(key: SandboxKey, *, root: str, env: dict[str, str]) -> None:
+    """Have ``AHEAD`` sandboxes for the next commands on ``key`` prepared or on their way.
+    ``root`` is the call's tree (the lane for a lane call): the shell waits there, with
+    ``env`` (the worker's id alone) until its command brings its own.
+
+    Sandboxes are started on the worker's one preparing thread, so the call asking for them
+    does not wait for bwrap's start: that thread lives as long as the worker, and it must,
+    because bwrap's ``--die-with-parent`` ends a sandbox when the thread that started it ends.
+    """
+    global _preparer
+    with _lock:
+        wanted = AHEAD - len(_prepared.get(key, ())) - _pending[key]
+        if wanted <= 0:
+            return
+        _pending[key] += wanted
+        if _preparer is None:
+            atexit.register(discard_all)
+            _preparer = threading.Thread(target=_prepare_loop, name="sandbox-preparer", daemon=True)
+            _preparer.start()
+    for _ in range(wanted):
+        _requests.put((key, root, env))
+
+
+def prepared_for(key: SandboxKey) -> int:
+    """How many sandboxes wait for ``key``'s next commands (started, perhaps not yet up)."""
+    with _lock:
+        return len(_prepared.get(key, ()))
+
+
+def prepared_count() -> int:
+    with _lock:
+        return sum(len(ready) for ready in _prepared.values())
+
+
+def discard_all() -> None:
+    """Tear down every prepared sandbox (the worker is stopping)."""
+    with _lock:
+        everything = [p for ready in _prepared.values() for p in ready]
+        _prepared.clear()
+    for prepared in everything:
+        prepared.discard()
+
+
+def _prepare_loop() -> None:
+    while True:
+        key, root, env = _requests.get()
+        try:
+            _start(key, root, env)
+        finally:
+            with _lock:
+                _pending[key] -= 1
+                if _pending[key] <= 0:
+                    del _pending[key]
+
+
+def _start(key: SandboxKey, root: str, env: dict[str, str]) -> None:
+    argv = key.sandbox.argv(
+        STUB,
+        workspace_root=key.workspace_root,
+        worktree=key.worktree,
+        cwd=root,
+        network=key.network,
+    )
+    try:
+        prepared = PreparedSandbox(key, argv, root=root, env=env)
+    except OSError:
+        return
+    evicted: list[PreparedSandbox] = []
+    with _lock:
+        _prepared.setdefault(key, []).append(prepared)
+        while sum(len(ready) for ready in _prepared.values()) > MAX_PREPARED:
+            # The key that waited longest gives up its oldest sandbox.
+            oldest = next(iter(_prepared))
+            evicted.append(_prepared[oldest].pop(0))
+            if not _prepared[oldest]:
+                del _prepared[oldest]
+    for extra in evicted:
+        extra.discard()
+
+
+def _expire(prepared: PreparedSandbox) -> None:
+    if _forget(prepared):
+        prepared.discard()
+
+
+def _forget(prepared: PreparedSandbox) -> bool:
+    """Take ``prepared`` out of the table; False when it was not there (taken already)."""
+    with _lock:
+        ready = _prepared.get(prepared.key, [])
+        if prepared not in ready:
+            return False
+        ready.remove(prepared)
+        if not ready:
+            del _prepared[prepared.key]
+        return True
+
+
+def _payload(command: str, *, cwd: str, env: dict[str, str]) -> bytes:
+    """What the waiting shell runs: the call's directory and environment, then the command
+    as ``/bin/sh -c`` with stdin from /dev/null, as a sandbox started for it would run it.
+    Every value is single-quoted; a variable whose name a shell cannot export is left out."""
+    lines = [f"cd -- {shlex.quote(cwd)} || exit 125", "unset OLDPWD"]
+    lines += [f"export {n}={shlex.quote(v)}" for n, v in env.items() if _NAME.match(n)]
+    lines += ["export TMPDIR=/tmp", f"exec /bin/sh -c {shlex.quote(command)} <>/dev/null", ""]
+    return "\n".join(lines).encode("utf-8", "surrogateescape")
+
+
+def _chdir_of(argv: list[str]) -> str:
+    return argv[argv.index("--chdir") + 1]
+
+
+def _bound_paths(argv: list[str]) -> list[str]:
+    """The destinations of every bind in a bwrap argv (each is bound over itself)."""
+    end = argv.index("--")
+    return [argv[i + 2] for i in range(1, end - 2) if argv[i] in _BINDS]
+
+
+def _read_available(fd: int) -> bytes:
+    """What bwrap wrote to its info pipe; it writes it before the sandbox's shell starts."""
+    chunks = []
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if chunk.rstrip().endswith(b"}"):
+            break
+    return b"".join(chunks)
