@@ -74,13 +74,20 @@ class SandboxKey:
 class PreparedSandbox:
     """One bwrap whose shell waits for one command."""
 
-    def __init__(self, key: SandboxKey, argv: list[str], *, root: str, env: dict[str, str]) -> None:
+    def __init__(self, key: SandboxKey, *, root: str, env: dict[str, str]) -> None:
         self.key = key
-        self.argv = argv
         self.used = False
+        # Taken before the arguments are built: they bind the placeholders read-only.
         self._placeholders = take_git_placeholders(key.workspace_root, key.worktree)
         info_read, info_write = os.pipe()
         try:
+            self.argv = argv = key.sandbox.argv(
+                STUB,
+                workspace_root=key.workspace_root,
+                worktree=key.worktree,
+                cwd=root,
+                network=key.network,
+            )
             self.proc = subprocess.Popen(
                 [argv[0], "--info-fd", str(info_write), *argv[1:]],
                 cwd=root,
@@ -124,6 +131,13 @@ class PreparedSandbox:
             return False
         return True
 
+    def is_up(self) -> bool:
+        """Whether the shell has said it waits (or bwrap failed: the pipe then reads as ended)."""
+        assert self.proc.stdout is not None
+        if self.used or self.proc.poll() is not None:
+            return False
+        return bool(select.select([self.proc.stdout], [], [], 0)[0])
+
     def _mounts_current(self) -> bool:
         expected = self.key.sandbox.argv(
             STUB,
@@ -138,13 +152,19 @@ class PreparedSandbox:
         if not child:
             return False
         inside = f"/proc/{child}/root"
-        for path in _bound_paths(self.argv):
-            try:
+        try:
+            mount_points = _mount_points(f"/proc/{child}/mountinfo")
+            for path in _bound_paths(self.argv):
+                # A mount follows its directory when the host renames it: it must still be
+                # at its path, and show there what the host has there now.
                 host, seen = os.stat(path), os.stat(inside + path)
-            except OSError:
-                return False
-            if (host.st_dev, host.st_ino) != (seen.st_dev, seen.st_ino):
-                return False
+                if path not in mount_points or (host.st_dev, host.st_ino) != (
+                    seen.st_dev,
+                    seen.st_ino,
+                ):
+                    return False
+        except OSError:
+            return False
         return True
 
     def discard(self) -> None:
@@ -213,10 +233,11 @@ def prepare(key: SandboxKey, *, root: str, env: dict[str, str]) -> None:
         _requests.put((key, root, env))
 
 
-def prepared_for(key: SandboxKey) -> int:
-    """How many sandboxes wait for ``key``'s next commands (started, perhaps not yet up)."""
+def waiting_for(key: SandboxKey) -> int:
+    """How many sandboxes for ``key``'s next commands are up, their shell waiting."""
     with _lock:
-        return len(_prepared.get(key, ()))
+        ready = list(_prepared.get(key, ()))
+    return sum(1 for prepared in ready if prepared.is_up())
 
 
 def prepared_count() -> int:
@@ -246,15 +267,8 @@ def _prepare_loop() -> None:
 
 
 def _start(key: SandboxKey, root: str, env: dict[str, str]) -> None:
-    argv = key.sandbox.argv(
-        STUB,
-        workspace_root=key.workspace_root,
-        worktree=key.worktree,
-        cwd=root,
-        network=key.network,
-    )
     try:
-        prepared = PreparedSandbox(key, argv, root=root, env=env)
+        prepared = PreparedSandbox(key, root=root, env=env)
     except OSError:
         return
     evicted: list[PreparedSandbox] = []
@@ -305,6 +319,18 @@ def _bound_paths(argv: list[str]) -> list[str]:
     """The destinations of every bind in a bwrap argv (each is bound over itself)."""
     end = argv.index("--")
     return [argv[i + 2] for i in range(1, end - 2) if argv[i] in _BINDS]
+
+
+def _mount_points(mountinfo: str) -> set[str]:
+    """Where each mount of a mount namespace is (mountinfo's fifth field, octal escapes undone)."""
+    with open(mountinfo, "rb") as f:
+        lines = f.read().splitlines()
+    return {
+        re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), line.split()[4]).decode(
+            "utf-8", "surrogateescape"
+        )
+        for line in lines
+    }
 
 
 def _read_available(fd: int) -> bytes:
