@@ -193,7 +193,11 @@ class PreparedSandbox:
 _prepared: dict[SandboxKey, list[PreparedSandbox]] = {}
 _pending: collections.Counter[SandboxKey] = collections.Counter()
 _lock = threading.Lock()
-_requests: queue.SimpleQueue[tuple[SandboxKey, str, dict[str, str]]] = queue.SimpleQueue()
+# Notified whenever a request of the preparing thread is done.
+_done = threading.Condition(_lock)
+# Bumped by discard_all: a request made before it is dropped, not started.
+_generation = 0
+_requests: queue.SimpleQueue[tuple[int, SandboxKey, str, dict[str, str]]] = queue.SimpleQueue()
 _preparer: threading.Thread | None = None
 
 
@@ -229,8 +233,9 @@ def prepare(key: SandboxKey, *, root: str, env: dict[str, str]) -> None:
             atexit.register(discard_all)
             _preparer = threading.Thread(target=_prepare_loop, name="sandbox-preparer", daemon=True)
             _preparer.start()
+        generation = _generation
     for _ in range(wanted):
-        _requests.put((key, root, env))
+        _requests.put((generation, key, root, env))
 
 
 def waiting_for(key: SandboxKey) -> int:
@@ -245,35 +250,46 @@ def prepared_count() -> int:
         return sum(len(ready) for ready in _prepared.values())
 
 
-def discard_all() -> None:
-    """Tear down every prepared sandbox (the worker is stopping)."""
+def discard_all(wait_s: float = 10.0) -> None:
+    """Tear down every prepared sandbox, and those on their way (the worker is stopping)."""
+    global _generation
     with _lock:
+        _generation += 1
         everything = [p for ready in _prepared.values() for p in ready]
         _prepared.clear()
+        # A sandbox being started right now is torn down by the preparing thread itself.
+        _done.wait_for(lambda: not _pending, wait_s)
     for prepared in everything:
         prepared.discard()
 
 
 def _prepare_loop() -> None:
     while True:
-        key, root, env = _requests.get()
+        generation, key, root, env = _requests.get()
         try:
-            _start(key, root, env)
+            _start(generation, key, root, env)
         finally:
             with _lock:
                 _pending[key] -= 1
                 if _pending[key] <= 0:
                     del _pending[key]
+                _done.notify_all()
 
 
-def _start(key: SandboxKey, root: str, env: dict[str, str]) -> None:
+def _start(generation: int, key: SandboxKey, root: str, env: dict[str, str]) -> None:
+    with _lock:
+        if generation != _generation:
+            return
     try:
         prepared = PreparedSandbox(key, root=root, env=env)
     except OSError:
         return
     evicted: list[PreparedSandbox] = []
     with _lock:
-        _prepared.setdefault(key, []).append(prepared)
+        if generation != _generation:
+            evicted.append(prepared)
+        else:
+            _prepared.setdefault(key, []).append(prepared)
         while sum(len(ready) for ready in _prepared.values()) > MAX_PREPARED:
             # The key that waited longest gives up its oldest sandbox.
             oldest = next(iter(_prepared))
