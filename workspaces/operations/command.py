@@ -238,7 +238,8 @@ def execute_command(
 
         def prepare_next() -> None:
             owner = os.environ.get(OWNER_ENV)
-            prepared.prepare(key, root=root, env={OWNER_ENV: owner} if owner else {})
+            env = {prepared.PREPARED_ENV: owner} if owner else {}
+            prepared.prepare(key, root=root, env=env)
 
         try:
             meanwhile = prepare_next if confinement.prepared else None

@@ -7,7 +7,7 @@ the same isolation key would get. The command, its working directory and its env
 reach the waiting shell only at hand-off, and the shell then becomes the command (``exec``):
 the process the call waits for, its process group and its PID namespace are the same as for a
 sandbox started at the call. The waiting shell starts with no environment but the worker's
-id (``OWNER_ENV``), so no worker setting is there before the hand-off either.
+id (``PREPARED_ENV``, removed at the hand-off), so no worker setting is there before it either.
 
 A prepared sandbox serves at most one command: taking it removes it from the worker's table,
 and only a call with the same worker sandbox, workspace, lane and network can take it. Before
@@ -23,7 +23,7 @@ call starts a fresh one:
 
 One that waits unused is torn down after ``IDLE_S``, when the worker exits, and (bwrap's
 ``--die-with-parent``) when the worker is killed; a restarted worker also finds any left by
-``OWNER_ENV`` (workspaces/runtime/orphans.py).
+``PREPARED_ENV`` (workspaces/runtime/orphans.py).
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ from workspaces.sandbox import Sandbox, release_git_placeholders, take_git_place
 # The waiting shell: one byte says the sandbox is set up, then it runs what arrives on stdin.
 # Input that ends before the command is handed over ends it.
 STUB = "printf .; . /dev/stdin; exit 125"
+# The one variable a waiting shell has: the id of the worker that prepared it. Not the
+# commands' OWNER_ENV, so that "what a command started" stays a question of that one.
+PREPARED_ENV = "SLUICE_PREPARED_BY"
 IDLE_S = 30.0
 # Sandboxes kept prepared per isolation key. Starting one is mostly waiting (the kernel's
 # namespace and mount set-up), not CPU, so a second one started a command earlier is
@@ -321,7 +324,7 @@ def _payload(command: str, *, cwd: str, env: dict[str, str]) -> bytes:
     """What the waiting shell runs: the call's directory and environment, then the command
     as ``/bin/sh -c`` with stdin from /dev/null, as a sandbox started for it would run it.
     Every value is single-quoted; a variable whose name a shell cannot export is left out."""
-    lines = [f"cd -- {shlex.quote(cwd)} || exit 125", "unset OLDPWD"]
+    lines = [f"cd -- {shlex.quote(cwd)} || exit 125", f"unset OLDPWD {PREPARED_ENV}"]
     lines += [f"export {n}={shlex.quote(v)}" for n, v in env.items() if _NAME.match(n)]
     lines += ["export TMPDIR=/tmp", f"exec /bin/sh -c {shlex.quote(command)} <>/dev/null", ""]
     return "\n".join(lines).encode("utf-8", "surrogateescape")

@@ -26,7 +26,7 @@ from sandboxkit import Run, command_runner
 
 from workspaces.operations import prepared
 from workspaces.operations.command import OWNER_ENV
-from workspaces.operations.prepared import SandboxKey
+from workspaces.operations.prepared import PREPARED_ENV, SandboxKey
 from workspaces.runtime.orphans import orphaned_pids
 from workspaces.sandbox import Limits, Sandbox, worker_sandbox
 
@@ -145,9 +145,14 @@ def test_a_prepared_sandbox_holds_no_worker_secret_and_takes_the_environment_of_
     result = boxed(f"cat /proc/[0-9]*/environ | tr '\\0' '\\n'; echo; env; {PID1_ENV}")
     assert _ran_prepared(result["stdout"].split()[-1]), result
     assert "SECRET" not in result["stdout"] + result["stderr"]
-    assert "LATE_SETTING=it's late" in result["stdout"].splitlines()
-    assert "TMPDIR=/tmp" in result["stdout"].splitlines()
-    assert "OLDPWD" not in result["stdout"] or "OLDPWD" in os.environ
+    lines = result["stdout"].splitlines()
+    assert "LATE_SETTING=it's late" in lines
+    # The waiting shell's own variable is not the command's.
+    command_env = lines[lines.index("") + 1 : -1]
+    assert not [line for line in command_env if line.startswith(PREPARED_ENV)]
+    assert "TMPDIR=/tmp" in command_env
+    # The waiting shell's `cd` leaves no OLDPWD of its own.
+    assert any(v.startswith("OLDPWD=") for v in command_env) == ("OLDPWD" in os.environ)
 
 
 def test_a_prepared_sandbox_sees_what_was_written_after_it_came_up(
@@ -199,9 +204,9 @@ def test_a_prepared_sandbox_left_unused_is_torn_down(
     _warm(boxed, _key(sandbox, repo))
     owner = os.environ[OWNER_ENV]
     # bwrap, its PID 1 and the waiting shell, for each prepared sandbox.
-    assert len(orphaned_pids(owner)) >= prepared.AHEAD
+    assert len(orphaned_pids(owner, name=PREPARED_ENV)) >= prepared.AHEAD
     wait_until(lambda: prepared.prepared_count() == 0)
-    wait_until(lambda: not orphaned_pids(owner))
+    wait_until(lambda: not orphaned_pids(owner, name=PREPARED_ENV))
     assert not (repo / ".git" / "commondir").exists()
 
 
@@ -239,15 +244,14 @@ def test_no_prepared_sandbox_outlives_its_worker(repo: Path, scratch: Path, endi
     )
     try:
         assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
-        left = [pid for pid in orphaned_pids(owner) if pid != worker.pid]
-        assert len(left) >= prepared.AHEAD
+        assert len(orphaned_pids(owner, name=PREPARED_ENV)) >= prepared.AHEAD
         if ending == "exit":
             assert worker.stdin is not None
             worker.stdin.close()
         else:
             worker.send_signal(signal.SIGKILL)
         worker.wait(30)
-        wait_until(lambda: not orphaned_pids(owner))
+        wait_until(lambda: not orphaned_pids(owner, name=PREPARED_ENV))
     finally:
         worker.kill()
         worker.wait()
