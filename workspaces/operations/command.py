@@ -223,8 +223,13 @@ def execute_command(
     # The git metadata's placeholders stay until the sandbox, and all it ran, has ended.
     with hold_git_placeholders(confinement.workspace_root, worktree):
         ready = prepared.take(key) if confinement.prepared else None
-        if ready is not None and ready.hand_over(command, cwd=cwd, env=command_env()):
+        wait_s = min(budget_s, deadline - time.monotonic())
+        if ready is not None and ready.hand_over(
+            command, cwd=cwd, env=command_env(), wait_s=wait_s
+        ):
             proc = ready.proc
+            # Waiting for a sandbox still coming up spends the call's time, not the command's.
+            budget_s = min(budget_s, deadline - time.monotonic())
         else:
             ready = None
             argv = confinement.sandbox.argv(

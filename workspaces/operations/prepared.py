@@ -113,16 +113,18 @@ class PreparedSandbox:
         self._timer.daemon = True
         self._timer.start()
 
-    def hand_over(self, command: str, *, cwd: str, env: dict[str, str]) -> bool:
+    def hand_over(
+        self, command: str, *, cwd: str, env: dict[str, str], wait_s: float = READY_WAIT_S
+    ) -> bool:
         """Start ``command`` in this sandbox; False (and the sandbox torn down) when it is no
-        longer what a fresh one would be, or did not come up."""
+        longer what a fresh one would be, or did not come up within ``wait_s``."""
         if self.used:
             raise RuntimeError("a prepared sandbox runs one command only")
         self.used = True
         self._timer.cancel()
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            ready, _, _ = select.select([self.proc.stdout], [], [], READY_WAIT_S)
+            ready, _, _ = select.select([self.proc.stdout], [], [], min(wait_s, READY_WAIT_S))
             if not ready or os.read(self.proc.stdout.fileno(), 1) != b".":
                 raise OSError("the prepared sandbox did not come up")
             if not self._mounts_current():
