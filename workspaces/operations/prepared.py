@@ -16,10 +16,11 @@ call starts a fresh one:
 
 * the same bwrap arguments, rebuilt now: a lane or submodule added since changes the git
   metadata that must be read-only, and a directory that appeared or went changes the mounts;
-* every bound path shows, inside the sandbox, the same file as on the host now: a bind holds
-  the directory it found, so one renamed and replaced since would otherwise stay bound in
-  the new one's place. Bind mounts are live, so what was written into a bound directory
-  since it was prepared is seen.
+* every bound path is still a mount point inside the sandbox and shows there the directory
+  the host has at that path now: a bind holds the directory it found and follows it when the
+  host renames it, so one renamed and replaced since would otherwise be written in the new
+  one's place, or the new one be read-only. Bind mounts are live, so what was written into a
+  bound directory since it was prepared is seen.
 
 One that waits unused is torn down after ``IDLE_S``, when the worker exits, and (bwrap's
 ``--die-with-parent``) when the worker is killed; a restarted worker also finds any left by
