@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import re
+import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -133,8 +135,8 @@ def sluice_gaps(
 
 def shell_loop_gaps(workspaces: list[Path], calls: int) -> list[float]:
     """The same gap with no Sluice in between: the same command started back to back in the
-    first workspace, in the sandbox the worker builds for it (bwrap, prlimit, sh), by the
-    commands' own clocks. The very same sandbox: every other workspace of the worker hidden
+    first workspace, in the sandbox the worker builds for it (bwrap, prlimit, sh; prepared
+    while the previous command runs, as the worker's are), by the commands' own clocks. The very same sandbox: every other workspace of the worker hidden
     and the workspaces' directories shared, as runworker and livesupport.Worker set it up
     (hiding a workspace costs two mounts at every start: with a one-workspace sandbox here,
     the worker's 7 other workspaces read as 1.1-2.6 ms of "hand-off" per call)."""
@@ -162,6 +164,18 @@ def shell_loop_gaps(workspaces: list[Path], calls: int) -> list[float]:
     return [(b[0] - a[1]) / 1e6 for a, b in itertools.pairwise(spans)]
 
 
+def plain_shell_loop_gaps(workspaces: list[Path], calls: int) -> list[float]:
+    """The same gap with neither Sluice nor a sandbox: `sh -c` started back to back by a
+    shell `for` loop in the first workspace (what issue 37 measures the hand-off against)."""
+    loop = f"for i in $(seq {calls}); do sh -c {shlex.quote(HANDOFF_COMMAND)}; done"
+    done = subprocess.run(
+        ["sh", "-c", loop], cwd=workspaces[0], capture_output=True, text=True, check=True
+    )
+    stamps = [int(x) for x in done.stdout.split()]
+    spans = list(zip(stamps[::2], stamps[1::2], strict=True))
+    return [(b[0] - a[1]) / 1e6 for a, b in itertools.pairwise(spans)]
+
+
 def e2e_handoff(
     api_url: str,
     headers: dict[str, str],
@@ -173,21 +187,29 @@ def e2e_handoff(
     """Handoff between same-key calls, the outside way (issue 15): the gap between one
     command's end and the next one's start through Sluice, minus the same gap in a local loop
     starting the same sandboxed shells in the first of `workspaces` (`workspace_id`, through
-    Sluice). Rounds alternate so that both see the same machine (a noisy 2-core box drifts by
-    more than the figure being measured)."""
+    Sluice), and minus a plain shell loop's (no sandbox: the sandbox's start included). Rounds
+    alternate so that all see the same machine (a noisy 2-core box drifts by more than the
+    figure being measured)."""
     through: list[float] = []
     local: list[float] = []
+    plain: list[float] = []
     for _ in range(rounds):
         through += sluice_gaps(api_url, headers, calls // rounds, workspace_id)
         local += shell_loop_gaps(workspaces, calls // rounds)
-    added = {
-        f"{q}_ms": round(harness.percentile(through, p) - harness.percentile(local, p), 3)
-        for q, p in (("p50", 50), ("p90", 90), ("p99", 99))
-    }
+        plain += plain_shell_loop_gaps(workspaces, calls // rounds)
+
+    def added(base: list[float]) -> dict[str, float]:
+        return {
+            f"{q}_ms": round(harness.percentile(through, p) - harness.percentile(base, p), 3)
+            for q, p in (("p50", 50), ("p90", 90), ("p99", 99))
+        }
+
     return {
         "through_sluice": harness.summary(through),
         "shell_loop": harness.summary(local),
-        "added_by_sluice": added,
+        "plain_shell_loop": harness.summary(plain),
+        "added_by_sluice": added(local),
+        "added_over_plain_shell_loop": added(plain),
     }
 
 

@@ -301,6 +301,16 @@ def hold_git_placeholders(workspace_root: str, worktree: str | None) -> Iterator
     the call may write, so that ``git_guard_args`` binds it read-only and a command cannot
     create one that sends the host's git to a planted configuration. The last call holding
     a placeholder removes it; one a killed worker left is adopted, then removed the same way."""
+    taken = take_git_placeholders(workspace_root, worktree)
+    try:
+        yield
+    finally:
+        release_git_placeholders(taken)
+
+
+def take_git_placeholders(workspace_root: str, worktree: str | None) -> list[str]:
+    """``hold_git_placeholders``'s first half, for a holder that outlives one block (a
+    sandbox started before its command); pass what it returns to ``release_git_placeholders``."""
     taken: list[str] = []
     with _placeholders_lock:
         for git_dir in _git_layout(workspace_root, worktree).repository_dirs:
@@ -308,17 +318,18 @@ def hold_git_placeholders(workspace_root: str, worktree: str | None) -> Iterator
             if _placeholders.get(path) or _place(path):
                 _placeholders[path] = _placeholders.get(path, 0) + 1
                 taken.append(path)
-    try:
-        yield
-    finally:
-        with _placeholders_lock:
-            for path in taken:
-                _placeholders[path] -= 1
-                if not _placeholders[path]:
-                    del _placeholders[path]
-                    with contextlib.suppress(OSError):
-                        if _read_small(path) == _PLACEHOLDER:
-                            os.unlink(path)
+    return taken
+
+
+def release_git_placeholders(taken: list[str]) -> None:
+    with _placeholders_lock:
+        for path in taken:
+            _placeholders[path] -= 1
+            if not _placeholders[path]:
+                del _placeholders[path]
+                with contextlib.suppress(OSError):
+                    if _read_small(path) == _PLACEHOLDER:
+                        os.unlink(path)
 
 
 def _place(path: str) -> bool:

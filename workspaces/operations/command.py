@@ -8,6 +8,8 @@ after the next call (perhaps another agent's) has started there.
 With a ``Confinement`` (the worker's normal case) the shell runs inside bubblewrap
 (workspaces/sandbox.py): the process we start and wait for is bwrap, whose exit ends the
 command's whole PID namespace, so even what left the group with ``setsid`` ends with the call.
+While a sandboxed command runs, the sandbox the next command on its isolation key would get is
+started and left waiting for that command (workspaces/operations/prepared.py).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from workspaces.operations import prepared
 from workspaces.operations.errors import OperationError, OutcomeUnknown
 from workspaces.operations.paths import resolve_dir
 from workspaces.sandbox import Sandbox, hold_git_placeholders
@@ -61,6 +65,9 @@ class Confinement:
     sandbox: Sandbox
     workspace_root: str  # realpath of the checkout, also for a lane call
     network: bool = True
+    # Run in a sandbox prepared while the previous command ran, and prepare the next one (off:
+    # every command starts its own sandbox).
+    prepared: bool = True
 
 
 def command_env() -> dict[str, str]:
@@ -208,23 +215,48 @@ def execute_command(
             "COMMAND_UNAVAILABLE", "No time was left before the deadline to start the command."
         )
     if confinement is None:
-        return _execute(["/bin/sh", "-c", command], cwd=cwd, budget_s=budget_s, cap=cap)
+        return _collect(_start(["/bin/sh", "-c", command], cwd=cwd), budget_s=budget_s, cap=cap)
     worktree = str(request.get("worktree") or "") or None
+    key = prepared.SandboxKey(
+        confinement.sandbox, confinement.workspace_root, worktree, confinement.network
+    )
     # The git metadata's placeholders stay until the sandbox, and all it ran, has ended.
     with hold_git_placeholders(confinement.workspace_root, worktree):
-        argv = confinement.sandbox.argv(
-            command,
-            workspace_root=confinement.workspace_root,
-            worktree=worktree,
-            cwd=cwd,
-            network=confinement.network,
-        )
-        return _execute(argv, cwd=cwd, budget_s=budget_s, cap=cap)
+        ready = prepared.take(key) if confinement.prepared else None
+        wait_s = min(budget_s, deadline - time.monotonic())
+        if ready is not None and ready.hand_over(
+            command, cwd=cwd, env=command_env(), wait_s=wait_s
+        ):
+            proc = ready.proc
+            # Waiting for a sandbox still coming up spends the call's time, not the command's.
+            budget_s = min(budget_s, deadline - time.monotonic())
+        else:
+            ready = None
+            argv = confinement.sandbox.argv(
+                command,
+                workspace_root=confinement.workspace_root,
+                worktree=worktree,
+                cwd=cwd,
+                network=confinement.network,
+            )
+            proc = _start(argv, cwd=cwd)
+
+        def prepare_next() -> None:
+            owner = os.environ.get(OWNER_ENV)
+            env = {prepared.PREPARED_ENV: owner} if owner else {}
+            prepared.prepare(key, root=root, env=env)
+
+        try:
+            meanwhile = prepare_next if confinement.prepared else None
+            return _collect(proc, budget_s=budget_s, cap=cap, meanwhile=meanwhile)
+        finally:
+            if ready is not None:
+                ready.release()
 
 
-def _execute(argv: list[str], *, cwd: str, budget_s: float, cap: int) -> dict[str, object]:
+def _start(argv: list[str], *, cwd: str) -> subprocess.Popen[bytes]:
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             argv,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
@@ -238,11 +270,24 @@ def _execute(argv: list[str], *, cwd: str, budget_s: float, cap: int) -> dict[st
         raise OperationError(
             "COMMAND_UNAVAILABLE", f"The command could not be started: {exc.strerror}."
         ) from None
+
+
+def _collect(
+    proc: subprocess.Popen[bytes],
+    *,
+    budget_s: float,
+    cap: int,
+    meanwhile: Callable[[], None] | None = None,
+) -> dict[str, object]:
+    """Wait for a started command within ``budget_s``, then kill what is left of it.
+    ``meanwhile`` runs once the command is running (and is killed whatever it raises)."""
     capture: _Capture | None = None
     try:
         # Everything after Popen is inside this try: the command is running, so whatever goes
         # wrong, the finally below must still kill its group and reap it.
         capture = _Capture(proc, cap)
+        if meanwhile is not None:
+            meanwhile()
         timed_out = _run(proc, capture, time.monotonic() + budget_s)
         _kill_group(proc.pid)
         drain_end = time.monotonic() + DRAIN_AFTER_KILL_S

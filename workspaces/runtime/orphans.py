@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from workspaces.operations.command import OWNER_ENV
+from workspaces.operations.prepared import PREPARED_ENV
 
 log = logging.getLogger("sluice.worker")
 
@@ -27,9 +28,10 @@ PROC = Path("/proc")
 WAIT_S = 5.0
 
 
-def orphaned_pids(worker_id: str) -> list[int]:
-    """Processes other than this one whose environment says a worker `worker_id` started them."""
-    marker = f"{OWNER_ENV}={worker_id}".encode()
+def orphaned_pids(worker_id: str, *, name: str = OWNER_ENV) -> list[int]:
+    """Processes other than this one whose environment says a worker `worker_id` started them:
+    its commands (`OWNER_ENV`), or with `name=PREPARED_ENV` its prepared sandboxes."""
+    marker = f"{name}={worker_id}".encode()
     me = os.getpid()
     found = []
     for entry in PROC.iterdir():
@@ -50,7 +52,11 @@ def kill_orphans(worker_id: str, *, wait_s: float = WAIT_S) -> tuple[int, list[i
     if not PROC.is_dir():
         log.warning("no /proc here: commands an earlier run of this worker left are not looked for")
         return 0, []
-    pids = orphaned_pids(worker_id)
+
+    def left_running() -> list[int]:
+        return orphaned_pids(worker_id) + orphaned_pids(worker_id, name=PREPARED_ENV)
+
+    pids = left_running()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(os.getpgid(pid), signal.SIGKILL)
@@ -58,10 +64,10 @@ def kill_orphans(worker_id: str, *, wait_s: float = WAIT_S) -> tuple[int, list[i
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
     # A dead process not reaped yet (a zombie) shows an empty environ: it no longer counts.
-    left = orphaned_pids(worker_id) if pids else []
+    left = left_running() if pids else []
     while left and time.monotonic() < deadline:
         time.sleep(0.02)
-        left = orphaned_pids(worker_id)
+        left = left_running()
     if pids:
         log.warning(
             "killed processes an earlier run of this worker left running",

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from workspaces.operations import OperationError, run_operation
+from workspaces.operations import OperationError, prepared, run_operation
 
 DEFAULTS: dict[str, dict[str, object]] = {
     "read_file": {"startLine": 1, "maxLines": 200},
@@ -27,6 +27,13 @@ DEFAULTS: dict[str, dict[str, object]] = {
 
 Run = Callable[..., dict[str, object]]
 Refuse = Callable[..., OperationError]
+
+
+@pytest.fixture(autouse=True)
+def _no_prepared_sandbox_left() -> Iterator[None]:
+    """A test's sandboxes prepared for commands it did not run end with it."""
+    yield
+    prepared.discard_all()
 
 
 def make_request(operation: str, **fields: object) -> dict[str, object]:

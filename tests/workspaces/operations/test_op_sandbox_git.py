@@ -25,6 +25,7 @@ from sandboxkit import Run, command_runner
 
 from scripts.devdemo import demo_lane
 from workspaces.hostgit import run_git
+from workspaces.operations import prepared
 from workspaces.sandbox import Sandbox, worker_sandbox
 
 COMMIT = "git -c user.email=t@example.com -c user.name=t commit -q"
@@ -149,6 +150,8 @@ def test_a_checkout_command_cannot_write_what_git_runs_but_still_commits(
     assert sorted(p.name for p in (dot_git / "hooks").iterdir()) == []
     assert sorted(p.name for p in (dot_git / "info").iterdir()) == []
     assert (dot_git / "config.worktree").read_bytes() == b""
+    # The sandboxes prepared for the next commands hold the placeholder too, until torn down.
+    prepared.discard_all()
     assert not (dot_git / "commondir").exists()
     assert not (repo / ".git-aside").exists() and not (repo / ".worktrees-aside").exists()
 
@@ -233,6 +236,7 @@ def test_what_a_command_plants_never_runs_in_the_hosts_git(
     _plain_git(repo, "commit", "-q", "--allow-empty", "-m", "x")
     demo_lane(repo, "three")
     assert not marker.exists()
+    prepared.discard_all()
     assert not (repo / ".git" / "commondir").exists()
 
 
@@ -293,6 +297,7 @@ def test_the_hosts_git_works_while_a_checkout_command_runs_and_nothing_is_left_a
         (repo / "go").touch()
         thread.join(30)
     assert done["exitCode"] == 0, done
+    prepared.discard_all()
     assert not (repo / ".git" / "commondir").exists()
     assert not [p for p in (repo / ".git").iterdir() if ".sluice-" in p.name]
 
@@ -331,6 +336,7 @@ def test_a_submodules_git_directory_and_its_git_file_are_guarded_too(
         assert result["exitCode"] != 0, (attempt, result)
     after = _snapshot(module / "config", module / "hooks", module / "info", repo / "lib" / ".git")
     assert after == before
+    prepared.discard_all()
     assert not (module / "commondir").exists()
     _plain_git(repo / "lib", "status")
     _plain_git(repo, "status")
@@ -368,6 +374,8 @@ def test_the_commondir_placeholder_stays_while_any_call_holds_it_and_a_left_one_
         for thread in threads:
             thread.join(30)
     assert [r["exitCode"] for r in results] == [2, 2], results
+    # The sandboxes prepared for the next commands hold it as calls do, until torn down.
+    prepared.discard_all()
     assert not placeholder.exists()
 
 
