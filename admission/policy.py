@@ -14,7 +14,6 @@ the global row, field by field.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import os
 import secrets
@@ -165,36 +164,13 @@ def _version_client() -> Any:
     return client
 
 
-# The policy version this process's async path read last, and when (time.monotonic()): a
-# policy read under that version is still the current one as of then (api/burst.py).
-_version_seen: tuple[int, float] | None = None
-# The version the running task's last read found (None: unreadable, or no read yet).
-_version_read: contextvars.ContextVar[int | None] = contextvars.ContextVar(
-    "sluice_policy_version_read", default=None
-)
-
-
-def version_seen() -> tuple[int, float] | None:
-    """(version, monotonic time) of this process's last read of the version; None: none yet."""
-    return _version_seen
-
-
-def version_read() -> int | None:
-    """The version the running task last read (the one its policy was read under)."""
-    return _version_read.get()
-
-
 async def apolicy_version() -> int | None:
     """policy_version() for the async path: one GET on this loop's client."""
-    global _version_seen
     try:
         version = _decoded(await _version_client().get(cache.make_and_validate_key(VERSION_KEY)))
     except (RedisError, OSError, ValueError) as exc:
         outages.warn(log, "policy version unreadable; re-reading the policy from Postgres", exc)
-        _version_read.set(None)
         return None
-    _version_seen = (version, time.monotonic())
-    _version_read.set(version)
     return version
 
 

@@ -25,7 +25,7 @@ class Refusal(Exception):
     # A body the protocol shapes differently from {"error", "code"} (the rate limit's).
     body: dict[str, Any] | None = None
     # Until then (time.monotonic()) the same call from the same caller would get this same
-    # answer, word for word: an API process may give it from memory (api/burst.py).
+    # answer, word for word: an API process may give it from memory (api/execute/burst.py).
     holds_until: float | None = None
 
     def __post_init__(self) -> None:
