@@ -162,6 +162,9 @@ class Grant:
     exec_deadline_ms: int
     # The script pushed the envelope onto the worker's queue; else the waiter must.
     dispatched: bool = False
+    # Granted while a call that entered before it still waited (another flow's turn, or a
+    # free key passing a busy one).
+    out_of_order: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,7 @@ def _grant(raw: list[Any]) -> Grant:
         admitted_ms=int(raw[3]),
         exec_deadline_ms=int(raw[4]),
         dispatched=len(raw) > 5 and int(raw[5]) == 1,
+        out_of_order=len(raw) > 6 and int(raw[6]) == 1,
     )
 
 
@@ -300,13 +304,17 @@ class AsyncQueue(_Scripts):
         key_id: int | None = None,
         row: str = "",
         row_ttl_ms: int = 0,
+        flow: str = "",
+        flow_share_percent: int = 100,
         now_ms: int | None = None,
     ) -> Entered:
         """Enter a call. `needs` (offer tokens) makes every grant re-check the offer; `envelope`
         is the call's Celery message, pushed to the worker by whichever script grants it;
         `key_id` (the caller's API key) makes every grant check the key was not revoked; `row`
         (a synchronous call's completion row draft) is saved, listed and given a status if the
-        call enters, in the same step (see `row_cleanup` for its end)."""
+        call enters, in the same step (see `row_cleanup` for its end). `flow` names whose
+        turn the call takes in the fair order (the caller's principal); while another flow is
+        in the queue, one flow holds at most `flow_share_percent` of `queue_limit`."""
         k = self.keys(worker_id)
         index = durable_index_key(self.prefix) if self.dispatching else ""
         raw = await self.scripts["enter"](
@@ -337,6 +345,8 @@ class AsyncQueue(_Scripts):
                 index,
                 f"{worker_id} {entry_id}",
                 DURABLE_INDEX_TTL_MS,
+                flow,
+                flow_share_percent,
             ],
         )
         return parse_entered(raw)

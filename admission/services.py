@@ -244,7 +244,10 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
             admitted_ms=int(message["ta"]),
             exec_deadline_ms=int(message["dl"]),
             dispatched=int(message.get("dp") or 0) == 1,
+            out_of_order=int(message.get("oo") or 0) == 1,
         )
+    if kind == "full":
+        raise refusals.flow_share_taken(call.worker_id)
     if kind == "mismatch":
         raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
     if kind == "revoked":
@@ -408,6 +411,13 @@ def call_budgets(request: dict[str, Any], header_ms: int, policy: Policy) -> tup
     )
 
 
+def call_flow(call: Call) -> str:
+    """The flow a call takes turns as in its worker's queue: its principal. Not refined by
+    workspaceInstanceId, which the caller names freely: one principal naming many instances
+    would otherwise take many turns and many shares of a worker."""
+    return call.caller.scope
+
+
 def _key(call: Call) -> bytes:
     assert call.target is not None  # checked before admission
     return signing_key(call.target.token_hash)
@@ -421,7 +431,10 @@ async def call_execute(
     Every time it reads comes from `clock`; `call.draft.started_monotonic` is on the same one."""
     draft = call.draft
     base, _lane = isolation_key(call.request)
-    draft.describe(isolation_key_hash=isolation_key_hash(call.worker_id, call.request))
+    draft.describe(
+        isolation_key_hash=isolation_key_hash(call.worker_id, call.request),
+        flow_hash=call_flow(call),
+    )
     try:
         policy = call.policy = await apolicy_for(
             worker_id=call.worker_id, tenant_id=call.caller.tenant_id
@@ -583,6 +596,8 @@ async def _admitted_call(
             key_id=call.caller.key_id,
             row=row,
             row_ttl_ms=queue_ms + exec_ms + DURABLE_KEEP_MS,
+            flow=call_flow(call),
+            flow_share_percent=policy.flow_share_percent,
             now_ms=clock.scripts_ms(),
         )
         call.maybe_queued = False
@@ -663,7 +678,11 @@ async def _admitted_call(
         await asyncio.shield(_leave_or_release(call, queue, policy, clock))
         raise
     admitted_at = clock.monotonic()
-    draft.admitted(grant.slot, waited_ms=int((admitted_at - draft.started_monotonic) * 1000))
+    draft.admitted(
+        grant.slot,
+        waited_ms=int((admitted_at - draft.started_monotonic) * 1000),
+        out_of_order=grant.out_of_order,
+    )
     if not grant.dispatched:
         # The scripts could not reach the broker (admission on a Redis Cluster): push it here,
         # unless the key was revoked while the call waited (it must not run: 401, not started).

@@ -77,7 +77,13 @@ class PolicyOverrideForm(ModelForm):
 
     class Meta:
         model = PolicyOverride
-        fields = ["worker_queue_limit", "queue_ceiling_ms", "job_timeout_ms", "rate_limit"]
+        fields = [
+            "worker_queue_limit",
+            "flow_share_percent",
+            "queue_ceiling_ms",
+            "job_timeout_ms",
+            "rate_limit",
+        ]
 
 
 class PolicyOverrideInline(admin.StackedInline):
@@ -85,6 +91,7 @@ class PolicyOverrideInline(admin.StackedInline):
     form = PolicyOverrideForm
     fields = [
         "worker_queue_limit",
+        "flow_share_percent",
         "queue_ceiling_ms",
         "job_timeout_ms",
         "rate_limit",
@@ -121,6 +128,11 @@ def effective_policy_table(worker: Worker) -> SafeString:
     sources = policy_sources(overrides, worker_id=worker.worker_id, tenant_id=worker.tenant_id)
     rows = [
         ("Queue limit per worker", policy.worker_queue_limit, sources["worker_queue_limit"]),
+        (
+            "Share of the queue per flow",
+            f"{policy.flow_share_percent} %",
+            sources["flow_share_percent"],
+        ),
         ("Admission wait ceiling", f"{policy.queue_ceiling_ms} ms", sources["queue_ceiling_ms"]),
         ("Execution ceiling", f"{policy.job_timeout_ms} ms", sources["job_timeout_ms"]),
         ("Rate limit per principal", str(policy.rate), sources["rate"]),
