@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from sluice_protocol import MUTATING_OPERATIONS, OPERATIONS
 
 from admission.scripts import register
 from admission.waiters import SAFETY_LOOK_S, WakeReader, reader_for
@@ -63,6 +64,9 @@ REVOKED_KEY_TTL_MS = 360_000
 # most minutes, a draft lives its budgets plus DURABLE_KEEP_MS): it expires an hour after the
 # last durable submission.
 DURABLE_INDEX_TTL_MS = 3600 * 1000
+# Operations that change nothing in a workspace (reads, instruction reads, edit previews): on
+# one isolation key they run together, up to the slots (see conflicts in lua/_common.lua).
+SHARED_OPERATIONS = OPERATIONS - MUTATING_OPERATIONS
 # Separates the offer tokens a call needs / a workspace offers (never in a token itself).
 OFFER_SEP = "\x1f"
 ADMISSION_SCRIPTS = ("enter", "leave", "release", "settle", "register", "heartbeat", "deregister")
@@ -347,6 +351,7 @@ class AsyncQueue(_Scripts):
                 DURABLE_INDEX_TTL_MS,
                 flow,
                 flow_share_percent,
+                "1" if operation in SHARED_OPERATIONS else "",
             ],
         )
         return parse_entered(raw)

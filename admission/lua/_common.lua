@@ -53,7 +53,14 @@ local function clock_ms(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Two entries conflict when their keys do (a lane with itself and with its checkout), unless
+-- both only read (rd = 1): reads never change a workspace, so they share it. A write waiting
+-- behind running reads still holds back every later read (the key rule in grant), so a
+-- stream of reads cannot starve it.
 local function conflicts(a, b)
+  if a.rd == 1 and b.rd == 1 then
+    return false
+  end
   return a.base == b.base and (a.lane == '' or b.lane == '' or a.lane == b.lane)
 end
 

@@ -22,7 +22,8 @@
 --       saved only if it entered: whatever the call does next, the sweep finds both.
 --       26 the call's flow ('' = the one flow of callers that name none), 27 the share of the
 --       queue limit one flow may hold while another is in the queue, in percent ('' = 100;
---       see share_room in _common.lua)
+--       see share_room in _common.lua), 28 '1' when the call only reads (it shares its key
+--       with other reads; see conflicts in _common.lua)
 -- Returns: {'offline'} | {'full', held} | {'refused', code} |
 --          {'granted', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched,
 --           out_of_order} |
@@ -61,6 +62,9 @@ if ARGV[13] ~= '' then
 end
 if ARGV[15] == '1' then
   e.du = 1
+end
+if ARGV[28] == '1' then
+  e.rd = 1
 end
 if ARGV[18] ~= nil and ARGV[18] ~= '' then
   e.kid = ARGV[18]
