@@ -91,6 +91,7 @@ class AdmissionPolicyForm(forms.ModelForm):
             "job_timeout_ms",
             "queue_ceiling_ms",
             "worker_queue_limit",
+            "flow_share_percent",
             "max_lease_slots",
             "rate_limit",
             "rate_limit_enabled",
@@ -107,6 +108,7 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
             {
                 "fields": [
                     "worker_queue_limit",
+                    "flow_share_percent",
                     "queue_ceiling_ms",
                     "job_timeout_ms",
                     "max_lease_slots",

@@ -74,6 +74,10 @@ class CompletionDraft:
     duration_ms: int = 0
     deadline_budget_ms: int = 0
     fencing_ticket: int | None = None
+    # The flow whose turn it took in its worker's queue, and whether its grant passed a call
+    # that entered before it (admission/lua/_common.lua, the fair order).
+    flow_hash: str = ""
+    granted_out_of_order: bool = False
     # (worker id, entry id) when a synchronous call's draft was saved in Redis as it entered
     # its queue (admission/durable.py sweeps it if this process dies): the row's write ends it.
     saved_as: tuple[str, str] | None = None
@@ -99,8 +103,9 @@ class CompletionDraft:
         queue refused it, and nothing was saved."""
         self.saved_as = at
 
-    def admitted(self, slot: int, *, waited_ms: int) -> None:
+    def admitted(self, slot: int, *, waited_ms: int, out_of_order: bool = False) -> None:
         self.slot_index, self.queue_wait_ms = slot, waited_ms
+        self.granted_out_of_order = out_of_order
         self.admission_outcome = "admitted"
 
     def ran(self, exec_ms: int) -> None:
@@ -187,6 +192,7 @@ _GIVEN_FIELDS = frozenset(
         "isolation_key_hash",
         "operation",
         "deadline_budget_ms",
+        "flow_hash",
     }
 )
 

@@ -129,6 +129,9 @@ def _failure(code: str, worker_id: str) -> Refusal:
     if code == "UNAUTHENTICATED":
         # Its key was revoked while it waited (the grant refused it; not started).
         return refusals.key_revoked()
+    if code == "WORKER_QUEUE_FULL":
+        # Its flow's share was taken back while it waited (another flow arrived).
+        return refusals.flow_share_taken(worker_id)
     if code == "SERVICE_SHUTTING_DOWN":
         return refusals.shutting_down(waited=True)
     return refusals.assignment_expired()
@@ -267,7 +270,11 @@ def completion_row(
     draft = CompletionDraft.restored(saved)
     draft.entered(int(status["seq"]))
     if admitted is not None:
-        draft.admitted(int(status["slot"]), waited_ms=int(admitted) - int(status["t0"]))
+        draft.admitted(
+            int(status["slot"]),
+            waited_ms=int(admitted) - int(status["t0"]),
+            out_of_order=status.get("oo") == 1,
+        )
         draft.ran(max(0, ending.ended_ms - int(admitted)))
     draft.answered(
         200 if refusal is None else status_of(refusal),

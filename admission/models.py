@@ -58,6 +58,15 @@ class AdmissionPolicy(models.Model):
         help_text="Calls admitted per worker at once, running ones included; one more gets "
         "WORKER_QUEUE_FULL. 1..1024. Environment: WORKER_QUEUE_LIMIT.",
     )
+    flow_share_percent = models.PositiveSmallIntegerField(
+        "Share of the queue per flow (%)",
+        default=50,
+        db_default=50,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="While more than one principal has calls on a worker, none holds more than "
+        "this share of the queue limit (its excess waiting calls get WORKER_QUEUE_FULL); alone, "
+        "a principal may fill it. 1..100. Environment: WORKER_FLOW_SHARE_PERCENT.",
+    )
     max_lease_slots = models.PositiveSmallIntegerField(
         "Lease slots ceiling per worker",
         validators=[MinValueValidator(1), MaxValueValidator(64)],
@@ -123,6 +132,7 @@ class AdmissionPolicy(models.Model):
             job_timeout_ms=env["JOB_TIMEOUT"],
             queue_ceiling_ms=env["WORKSPACE_QUEUE_CEILING_MS"],
             worker_queue_limit=env["WORKER_QUEUE_LIMIT"],
+            flow_share_percent=env["WORKER_FLOW_SHARE_PERCENT"],
             max_lease_slots=env["CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS"],
             rate_limit=env["WORKSPACE_TOOLS_RATE_LIMIT"],
         )
@@ -172,6 +182,13 @@ class PolicyOverride(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(1024)],
         help_text="WORKER_QUEUE_LIMIT: calls admitted at once, running ones included; 1..1024. "
         "Blank: inherit.",
+    )
+    flow_share_percent = models.PositiveSmallIntegerField(
+        "Share of the queue per flow (%)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="WORKER_FLOW_SHARE_PERCENT: 1..100. Blank: inherit.",
     )
     rate_limit = models.CharField(
         "Rate limit per principal",
@@ -273,6 +290,20 @@ class CompletionLog(models.Model):
     duration_ms = models.PositiveIntegerField(default=0)
     deadline_budget_ms = models.PositiveIntegerField(default=0)
     fencing_ticket = models.BigIntegerField(null=True, blank=True)
+    # Database defaults too: an API process of the previous release, still writing rows during
+    # an upgrade, names neither column.
+    flow_hash = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The flow whose turn the call took in its worker's queue (its principal).",
+    )
+    granted_out_of_order = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Granted while a call that entered the same queue before it still waited.",
+    )
 
     class Meta:
         ordering = ["-created_at"]

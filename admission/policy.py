@@ -43,6 +43,7 @@ POLICY_FIELDS = {
     "JOB_TIMEOUT": "job_timeout_ms",
     "WORKSPACE_QUEUE_CEILING_MS": "queue_ceiling_ms",
     "WORKER_QUEUE_LIMIT": "worker_queue_limit",
+    "WORKER_FLOW_SHARE_PERCENT": "flow_share_percent",
     "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS": "max_lease_slots",
     "WORKSPACE_TOOLS_RATE_LIMIT": "rate_limit",
     "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED": "rate_limit_enabled",
@@ -52,6 +53,7 @@ OVERRIDE_KEYS = [
     "JOB_TIMEOUT",
     "WORKSPACE_QUEUE_CEILING_MS",
     "WORKER_QUEUE_LIMIT",
+    "WORKER_FLOW_SHARE_PERCENT",
     "WORKSPACE_TOOLS_RATE_LIMIT",
     "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED",
 ]
@@ -66,6 +68,9 @@ class Policy:
     rate: RatePolicy
     rate_limit_enabled: bool
     weights: dict[str, int]
+    # While another flow (principal) is in a worker's queue, one flow holds at most this
+    # percentage of worker_queue_limit (admission/lua/_common.lua, share_room).
+    flow_share_percent: int
 
     def weight(self, operation: str) -> int:
         return self.weights.get(operation, 1)
@@ -98,6 +103,7 @@ def snapshot(row: AdmissionPolicy) -> Policy:
         rate=RatePolicy.parse(row.rate_limit),
         rate_limit_enabled=row.rate_limit_enabled,
         weights=dict(row.operation_weights or {}),
+        flow_share_percent=row.flow_share_percent,
     )
 
 
@@ -259,7 +265,7 @@ class Overrides:
 def override_values(row: PolicyOverride) -> dict[str, Any]:
     """The fields this row sets, as Policy field names (blank ones inherit)."""
     values: dict[str, Any] = {}
-    for field in ("job_timeout_ms", "queue_ceiling_ms", "worker_queue_limit"):
+    for field in ("job_timeout_ms", "queue_ceiling_ms", "worker_queue_limit", "flow_share_percent"):
         if getattr(row, field) is not None:
             values[field] = getattr(row, field)
     if row.rate_limit:
@@ -295,6 +301,7 @@ def policy_sources(
         "job_timeout_ms",
         "queue_ceiling_ms",
         "worker_queue_limit",
+        "flow_share_percent",
         "rate",
         "rate_limit_enabled",
     ]

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from sluice_protocol import MUTATING_OPERATIONS, OPERATIONS
 
 from admission.scripts import register
 from admission.waiters import SAFETY_LOOK_S, WakeReader, reader_for
@@ -65,6 +66,9 @@ REVOKED_KEY_TTL_MS = 360_000
 # most minutes, a draft lives its budgets plus DURABLE_KEEP_MS): it expires an hour after the
 # last durable submission.
 DURABLE_INDEX_TTL_MS = 3600 * 1000
+# Operations that change nothing in a workspace (reads, instruction reads, edit previews): on
+# one isolation key they run together, up to the slots (see conflicts in lua/_common.lua).
+SHARED_OPERATIONS = OPERATIONS - MUTATING_OPERATIONS
 # Separates the offer tokens a call needs / a workspace offers (never in a token itself).
 OFFER_SEP = "\x1f"
 ADMISSION_SCRIPTS = ("enter", "leave", "release", "settle", "register", "heartbeat", "deregister")
@@ -164,6 +168,9 @@ class Grant:
     exec_deadline_ms: int
     # The script pushed the envelope onto the worker's queue; else the waiter must.
     dispatched: bool = False
+    # Granted while a call that entered before it still waited (another flow's turn, or a
+    # free key passing a busy one).
+    out_of_order: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,6 +209,7 @@ def _grant(raw: list[Any]) -> Grant:
         admitted_ms=int(raw[3]),
         exec_deadline_ms=int(raw[4]),
         dispatched=len(raw) > 5 and int(raw[5]) == 1,
+        out_of_order=len(raw) > 6 and int(raw[6]) == 1,
     )
 
 
@@ -302,13 +310,17 @@ class AsyncQueue(_Scripts):
         key_id: int | None = None,
         row: str = "",
         row_ttl_ms: int = 0,
+        flow: str = "",
+        flow_share_percent: int = 100,
         now_ms: int | None = None,
     ) -> Entered:
         """Enter a call. `needs` (offer tokens) makes every grant re-check the offer; `envelope`
         is the call's Celery message, pushed to the worker by whichever script grants it;
         `key_id` (the caller's API key) makes every grant check the key was not revoked; `row`
         (a synchronous call's completion row draft) is saved, listed and given a status if the
-        call enters, in the same step (see `row_cleanup` for its end)."""
+        call enters, in the same step (see `row_cleanup` for its end). `flow` names whose
+        turn the call takes in the fair order (the caller's principal); while another flow is
+        in the queue, one flow holds at most `flow_share_percent` of `queue_limit`."""
         k = self.keys(worker_id)
         index = durable_index_key(self.prefix) if self.dispatching else ""
         raw = await self.scripts["enter"](
@@ -339,6 +351,9 @@ class AsyncQueue(_Scripts):
                 index,
                 f"{worker_id} {entry_id}",
                 DURABLE_INDEX_TTL_MS,
+                flow,
+                flow_share_percent,
+                "1" if operation in SHARED_OPERATIONS else "",
             ],
         )
         return parse_entered(raw)

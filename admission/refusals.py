@@ -104,6 +104,17 @@ def queue_full(worker_id: str, held: int, *, holds_until: float | None = None) -
     )
 
 
+def flow_share_taken(worker_id: str) -> Refusal:
+    """A waiting call removed to keep its flow within its share of the worker's queue, as
+    another flow arrived: it was never started."""
+    return Refusal(
+        "WORKER_QUEUE_FULL",
+        f"Worker {worker_id}'s queue is shared with other principals, and your calls held "
+        f"more than your share of it; {NOT_STARTED}. Slow down or use another worker.",
+        admission_outcome="queue_full",
+    )
+
+
 def queue_timeout(retry_after_s: int) -> Refusal:
     return Refusal(
         "WORKSPACE_QUEUE_TIMEOUT",

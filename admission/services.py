@@ -245,7 +245,10 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
             admitted_ms=int(message["ta"]),
             exec_deadline_ms=int(message["dl"]),
             dispatched=int(message.get("dp") or 0) == 1,
+            out_of_order=int(message.get("oo") or 0) == 1,
         )
+    if kind == "full":
+        raise refusals.flow_share_taken(call.worker_id)
     if kind == "mismatch":
         raise refusals.worker_mismatch(withdrawn_message(call.worker_id))
     if kind == "revoked":
@@ -385,6 +388,13 @@ def call_budgets(request: dict[str, Any], header_ms: int, policy: Policy) -> tup
     )
 
 
+def call_flow(call: Call) -> str:
+    """The flow a call takes turns as in its worker's queue: its principal. Not refined by
+    workspaceInstanceId, which the caller names freely: one principal naming many instances
+    would otherwise take many turns and many shares of a worker."""
+    return call.caller.scope
+
+
 def _key(call: Call) -> bytes:
     assert call.target is not None  # checked before admission
     return signing_key(call.target.token_hash)
@@ -411,7 +421,10 @@ async def call_execute(
     """Admit, dispatch and await one call. Raises a Refusal for every answer but a result.
 
     Every time it reads comes from `clock`; `call.draft.started_monotonic` is on the same one."""
-    call.draft.describe(isolation_key_hash=isolation_key_hash(call.worker_id, call.request))
+    call.draft.describe(
+        isolation_key_hash=isolation_key_hash(call.worker_id, call.request),
+        flow_hash=call_flow(call),
+    )
     try:
         budgets = await _budgets_read(call, limiter, clock)
         target = await _target_checked(call)
@@ -538,7 +551,7 @@ async def _admitted_call(
     grant = await _grant_awaited(call, queue, budgets, entered, woken, clock)
     admitted_at = clock.monotonic()
     waited_ms = int((admitted_at - call.draft.started_monotonic) * 1000)
-    call.draft.admitted(grant.slot, waited_ms=waited_ms)
+    call.draft.admitted(grant.slot, waited_ms=waited_ms, out_of_order=grant.out_of_order)
     await _dispatch_if_scripts_could_not(
         call,
         queue,
@@ -661,6 +674,8 @@ async def _enter_once(
         key_id=call.caller.key_id,
         row=row,
         row_ttl_ms=budgets.life_ms + DURABLE_KEEP_MS,
+        flow=call_flow(call),
+        flow_share_percent=budgets.policy.flow_share_percent,
         now_ms=clock.scripts_ms(),
     )
 

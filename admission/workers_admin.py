@@ -66,6 +66,17 @@ def _redis_note(creds: WorkerRedisCredentials | None) -> str:
 # Policy overrides (edited on the tenant's and the worker's page)
 
 
+# The override's fields as the model form takes them (rate_limit_enabled has a field of its
+# own there), in the order the admin shows them.
+_OVERRIDE_MODEL_FIELDS = [
+    "worker_queue_limit",
+    "flow_share_percent",
+    "queue_ceiling_ms",
+    "job_timeout_ms",
+    "rate_limit",
+]
+
+
 class PolicyOverrideForm(ModelForm):
     # "Unknown" (Django's word for a blank yes/no) means inherit here; say so.
     rate_limit_enabled = NullBooleanField(
@@ -77,19 +88,13 @@ class PolicyOverrideForm(ModelForm):
 
     class Meta:
         model = PolicyOverride
-        fields = ["worker_queue_limit", "queue_ceiling_ms", "job_timeout_ms", "rate_limit"]
+        fields = _OVERRIDE_MODEL_FIELDS
 
 
 class PolicyOverrideInline(admin.StackedInline):
     model = PolicyOverride
     form = PolicyOverrideForm
-    fields = [
-        "worker_queue_limit",
-        "queue_ceiling_ms",
-        "job_timeout_ms",
-        "rate_limit",
-        "rate_limit_enabled",
-    ]
+    fields = [*_OVERRIDE_MODEL_FIELDS, "rate_limit_enabled"]
     extra = 0
     max_num = 1
     verbose_name = "policy override"
@@ -121,6 +126,11 @@ def effective_policy_table(worker: Worker) -> SafeString:
     sources = policy_sources(overrides, worker_id=worker.worker_id, tenant_id=worker.tenant_id)
     rows = [
         ("Queue limit per worker", policy.worker_queue_limit, sources["worker_queue_limit"]),
+        (
+            "Share of the queue per flow",
+            f"{policy.flow_share_percent} %",
+            sources["flow_share_percent"],
+        ),
         ("Admission wait ceiling", f"{policy.queue_ceiling_ms} ms", sources["queue_ceiling_ms"]),
         ("Execution ceiling", f"{policy.job_timeout_ms} ms", sources["job_timeout_ms"]),
         ("Rate limit per principal", str(policy.rate), sources["rate"]),

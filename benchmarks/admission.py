@@ -65,7 +65,7 @@ def queue_handoff(n: int) -> dict[str, Any]:
                 exec_budget_ms=600_000,
                 queue_limit=n + 1,
                 slot_ceiling=8,
-                operation="read_file",
+                operation="write_file",
             )
             tickets[i] = entered.ticket
         got: dict[int, float] = {}
@@ -337,7 +337,7 @@ def rss_with_waiters(env: dict[str, str], waiters: int, workers: int) -> dict[st
                 exec_budget_ms=600_000,
                 queue_limit=64,
                 slot_ceiling=8,
-                operation="read_file",
+                operation="write_file",
             )
         await client.aclose()
 

@@ -39,6 +39,7 @@ def policy_form(*, weights: dict[str, Any] | None = None, **changes: Any) -> dic
         "job_timeout_ms": 300_000,
         "queue_ceiling_ms": 300_000,
         "worker_queue_limit": 32,
+        "flow_share_percent": 50,
         "max_lease_slots": 8,
         "rate_limit": "120/30s",
         "rate_limit_enabled": "on",

@@ -53,8 +53,44 @@ local function clock_ms(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Two entries conflict when their keys do (a lane with itself and with its checkout), unless
+-- both only read (rd = 1): reads never change a workspace, so they share it. A write waiting
+-- behind running reads still holds back every later read (the key rule in grant), so a
+-- stream of reads cannot starve it.
 local function conflicts(a, b)
+  if a.rd == 1 and b.rd == 1 then
+    return false
+  end
   return a.base == b.base and (a.lane == '' or b.lane == '' or a.lane == b.lane)
+end
+
+-- Fair share across flows (a flow: the principal that made the call, entry field fl). Each
+-- entry gets a virtual start tag (vt) as it enters: the smallest tag still waiting (else the
+-- largest in the queue), or one past its own flow's newest tag when that is later. Waiting
+-- entries are granted in (tag, ticket) order, so flows take turns, a flow's own calls keep
+-- their arrival order, and a newcomer lands behind every entry already at its tag: the
+-- first waiting entry is never passed by a later arrival, only held by running conflicts.
+local function fair_tag(entries, fl)
+  local least, most, own = nil, 0, nil
+  for _, e in ipairs(entries) do
+    local t = e.vt or 0
+    if e.st == 'w' and (least == nil or t < least) then least = t end
+    if t > most then most = t end
+    if (e.fl or '') == fl and (own == nil or t > own) then own = t end
+  end
+  local v = least or most
+  if own ~= nil and own + 1 > v then
+    return own + 1
+  end
+  return v
+end
+
+local function fair_before(a, b)
+  local ta, tb = a.vt or 0, b.vt or 0
+  if ta ~= tb then
+    return ta < tb
+  end
+  return a.seq < b.seq
 end
 
 local function remove_entry(kq, ke, id)
@@ -78,6 +114,7 @@ local function set_status(e, state, extra, now)
   local s = {state = state, dl = e.dl, seq = e.seq, t0 = e.t0}
   if e.slot ~= nil then s.slot = e.slot end
   if e.ta ~= nil then s.ta = e.ta end
+  if e.oo == 1 then s.oo = 1 end
   if e.rw == 1 then s.rw = 1 end
   if extra then
     for k, v in pairs(extra) do s[k] = v end
@@ -212,8 +249,10 @@ local function dispatch(e)
   return true
 end
 
--- Start every waiting entry that may start: a slot is free, its key conflicts with no
--- running entry and with no older entry that is still waiting. Each takes the lowest free
+-- Start every waiting entry that may start, taken in fair order (fair_before): a slot is
+-- free, its key conflicts with no running entry and with no entry before it in that order
+-- that is still waiting. A grant made while an older entry (by ticket) still waits is marked
+-- out of arrival order (oo = 1; the completion row records it). Each takes the lowest free
 -- slot index and gets a fresh exec deadline (admission time + its exec budget). A waiting
 -- entry the registration no longer takes is refused (removed, told, status failed) on the
 -- way. Each granted entry is dispatched (dispatch()); one that could not be must be pushed
@@ -242,34 +281,42 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     end
   end
   local free = slots - #running
+  local waiting = {}
   for _, e in ipairs(kept) do
+    if e.st == 'w' then waiting[#waiting + 1] = e end
+  end
+  table.sort(waiting, fair_before)
+  for _, e in ipairs(waiting) do
     if free <= 0 then
       break
     end
-    if e.st == 'w' then
-      local ok = true
-      for _, r in ipairs(running) do
-        if conflicts(e, r) then ok = false break end
-      end
-      if ok then
-        for _, b in ipairs(blocked) do
-          if conflicts(e, b) then ok = false break end
-        end
-      end
-      if ok then
-        local s = 0
-        while used[s] do s = s + 1 end
-        used[s] = true
-        e.st, e.slot, e.ta, e.dl = 'r', s, now, now + e.xb
-        free = free - 1
-        running[#running + 1] = e
-        granted[#granted + 1] = e
-      else
-        blocked[#blocked + 1] = e
+    local ok = true
+    for _, r in ipairs(running) do
+      if conflicts(e, r) then ok = false break end
+    end
+    if ok then
+      for _, b in ipairs(blocked) do
+        if conflicts(e, b) then ok = false break end
       end
     end
+    if ok then
+      local s = 0
+      while used[s] do s = s + 1 end
+      used[s] = true
+      e.st, e.slot, e.ta, e.dl = 'r', s, now, now + e.xb
+      free = free - 1
+      running[#running + 1] = e
+      granted[#granted + 1] = e
+    else
+      blocked[#blocked + 1] = e
+    end
+  end
+  local oldest = nil
+  for _, e in ipairs(waiting) do
+    if e.st == 'w' and (oldest == nil or e.seq < oldest) then oldest = e.seq end
   end
   for _, e in ipairs(granted) do
+    if oldest ~= nil and oldest < e.seq then e.oo = 1 end
     if not dispatch(e) and e.id ~= skip_id then
       e.wk = 1
     end
@@ -277,11 +324,74 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     set_status(e, 'admitted', nil, now)
     if e.id ~= skip_id then
       push_wake(wake_prefix, e.id,
-        cjson.encode({t = 'grant', slot = e.slot, seq = e.seq, ta = e.ta, dl = e.dl, dp = e.dp or 0}),
+        cjson.encode({t = 'grant', slot = e.slot, seq = e.seq, ta = e.ta, dl = e.dl, dp = e.dp or 0,
+          oo = e.oo or 0}),
         e.dl - now + WAKE_TTL_MS)
     end
   end
   return granted
+end
+
+-- The capacity share, for a call of flow `fl` about to enter: while more than one flow is in
+-- the queue (the newcomer included), no flow holds more than `cap` entries. A flow alone may
+-- fill the whole queue; when another arrives, the flows above the cap lose their newest
+-- waiting entries down to it, and while the queue is still full the newcomer takes the place
+-- of the newest waiting entry of the flow that holds the most (at least two more than the
+-- newcomer's flow). An entry so removed was never started: its waiter is told 'full'. A
+-- share of 100 % turns all this off (the queue is first come, first served).
+-- Returns the entries left, and whether the call itself is refused (its flow is at its cap).
+local function share_room(entries, fl, cap, limit, now, ke, wake_prefix)
+  if cap >= limit then
+    return entries, false  -- a share of the whole queue: no sharing at all
+  end
+  local held, flows = {}, 0
+  for _, e in ipairs(entries) do
+    local f = e.fl or ''
+    if held[f] == nil then
+      held[f], flows = 0, flows + 1
+    end
+    held[f] = held[f] + 1
+  end
+  if held[fl] == nil then
+    held[fl], flows = 0, flows + 1
+  end
+  if flows < 2 then
+    return entries, false
+  end
+  if held[fl] >= cap then
+    return entries, true
+  end
+  local gone, total = {}, #entries
+  local function drop(e)
+    gone[e.id] = true
+    held[e.fl or ''] = held[e.fl or ''] - 1
+    total = total - 1
+    remove_entry(D.q, ke, e.id)
+    push_wake(wake_prefix, e.id, cjson.encode({t = 'full', cap = cap}), WAKE_TTL_MS)
+    fail_status(e, 'WORKER_QUEUE_FULL', now)
+  end
+  for i = #entries, 1, -1 do
+    local e = entries[i]
+    if e.st == 'w' and held[e.fl or ''] > cap then drop(e) end
+  end
+  while total >= limit do
+    local victim = nil
+    for i = #entries, 1, -1 do
+      local e = entries[i]
+      local f = e.fl or ''
+      if e.st == 'w' and not gone[e.id] and f ~= fl and held[f] > held[fl] + 1
+          and (victim == nil or held[f] > held[victim.fl or '']) then
+        victim = e
+      end
+    end
+    if victim == nil then break end
+    drop(victim)
+  end
+  local left = {}
+  for _, e in ipairs(entries) do
+    if not gone[e.id] then left[#left + 1] = e end
+  end
+  return left, false
 end
 
 -- Every queue key lives as long as its longest-lived entry (plus a minute), never forever.

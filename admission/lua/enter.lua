@@ -20,8 +20,13 @@
 --       cluster, where it lives in another slot), 24 the call's member there, 25 its TTL ms.
 --       A call with a draft keeps a status as a durable one does (rw = 1), and the draft is
 --       saved only if it entered: whatever the call does next, the sweep finds both.
+--       26 the call's flow ('' = the one flow of callers that name none), 27 the share of the
+--       queue limit one flow may hold while another is in the queue, in percent ('' = 100;
+--       see share_room in _common.lua), 28 '1' when the call only reads (it shares its key
+--       with other reads; see conflicts in _common.lua)
 -- Returns: {'offline'} | {'full', held} | {'refused', code} |
---          {'granted', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched} |
+--          {'granted', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched,
+--           out_of_order} |
 --          {'waiting', ticket, incarnation, now_ms, queue_deadline_ms}
 -- Clock: ARGV[1] when given (tests), else Redis TIME.
 local kreg, kq, ke, kstats = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -33,7 +38,13 @@ if not inc then
 end
 local slots = slot_count(kreg, ARGV[8])
 local entries = load_entries(kq, ke, now, ARGV[9])
-if #entries >= tonumber(ARGV[7]) then
+local limit = tonumber(ARGV[7])
+local fl = ARGV[26] or ''
+local share = tonumber(ARGV[27] or '') or 100
+local over_share
+entries, over_share = share_room(
+  entries, fl, math.max(1, math.floor(limit * share / 100)), limit, now, ke, ARGV[9])
+if over_share or #entries >= limit then
   bump(kstats, 'queue_full', tonumber(ARGV[11]))
   return {'full', #entries}
 end
@@ -42,7 +53,7 @@ local signed_for = (ARGV[17] ~= nil and ARGV[17] ~= '') and ARGV[17] or inc
 local e = {
   id = ARGV[2], seq = seq, base = ARGV[3], lane = ARGV[4], st = 'w',
   dl = now + tonumber(ARGV[5]), xb = tonumber(ARGV[6]), inc = signed_for, op = ARGV[10], t0 = now,
-  ws = ARGV[12],
+  ws = ARGV[12], fl = fl, vt = fair_tag(entries, fl),
 }
 if ARGV[13] ~= '' then
   local nd = {}
@@ -51,6 +62,9 @@ if ARGV[13] ~= '' then
 end
 if ARGV[15] == '1' then
   e.du = 1
+end
+if ARGV[28] == '1' then
+  e.rd = 1
 end
 if ARGV[18] ~= nil and ARGV[18] ~= '' then
   e.kid = ARGV[18]
@@ -78,6 +92,6 @@ if e.rw == 1 then
   end
 end
 if e.st == 'r' then
-  return {'granted', seq, e.slot, inc, e.ta, e.dl, e.dp or 0}
+  return {'granted', seq, e.slot, inc, e.ta, e.dl, e.dp or 0, e.oo or 0}
 end
 return {'waiting', seq, inc, now, e.dl}

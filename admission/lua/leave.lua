@@ -8,7 +8,8 @@
 --       7 the leaving call's status code ('' = none; cancelled: REQUEST_CANCELLED),
 --       8 revoked-key marker prefix ('' = unchecked; see _common.lua)
 -- Returns: {'gone'} | {'left'} |
---          {'running', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched}
+--          {'running', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched,
+--           out_of_order}
 -- Clock: ARGV[1] when given (tests), else Redis TIME.
 local kreg, kq, ke = KEYS[1], KEYS[2], KEYS[3]
 setup(kreg, kq, KEYS[4], KEYS[5], ARGV[6], ARGV[8])
@@ -19,7 +20,7 @@ if not raw then
 end
 local x = cjson.decode(raw)
 if x.st == 'r' then
-  return {'running', x.seq, x.slot, x.inc, x.ta, x.dl, x.dp or 0}
+  return {'running', x.seq, x.slot, x.inc, x.ta, x.dl, x.dp or 0, x.oo or 0}
 end
 remove_entry(kq, ke, ARGV[2])
 if ARGV[5] ~= '' then

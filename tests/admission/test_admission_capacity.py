@@ -148,3 +148,53 @@ def test_keys_of_a_held_queue_all_carry_a_ttl(api, account_factory, worker_facto
         assert running.result().status_code == 200 and waiting.result().status_code == 200
     finally:
         caller.close()
+
+
+def test_another_principals_read_passes_a_backlog_of_commands_and_its_row_says_so(
+    api, account_factory, worker_factory, tmp_path
+):
+    from admission.models import CompletionLog
+    from workspaces.access import principal_hash
+    from workspaces.models import Principal
+
+    owner = account_factory()
+    member = account_factory(tenant=owner.tenant, user="member", worker=owner.worker_id)
+    worker_factory(member, {"repo": git_workspace(tmp_path / "repo")}, slots=1)
+    release = tmp_path / "release"
+    headers = {"X-LibreChat-Code-Worker-ID": owner.worker_id}
+    mine = Caller(api.url, owner.auth | headers)
+    theirs = Caller(api.url, member.auth | headers)
+    try:
+        hold = f"while [ ! -e {release} ]; do sleep 0.05; done"
+        backlog = [mine.submit(command("repo", hold, timeout_ms=120_000))]
+        wait_until(lambda: len(held(owner.worker_id)) == 1)
+        for i in range(5):
+            backlog.append(mine.submit(command("repo", f"echo {i}")))
+            wait_until(lambda n=i + 2: len(held(owner.worker_id)) == n)
+        their_read = theirs.submit(read("repo"))
+        wait_until(lambda: len(held(owner.worker_id)) == 7)
+        release.touch()
+        assert their_read.result().status_code == 200
+        assert [f.result().status_code for f in backlog] == [200] * 6
+    finally:
+        mine.close()
+        theirs.close()
+
+    def flow_of(account):
+        p = Principal.objects.get(tenant__name=account.tenant, name=account.user)
+        return principal_hash(tenant_id=p.tenant_id, principal_id=p.pk)
+
+    rows = wait_until(
+        lambda: (
+            found
+            if len(found := list(CompletionLog.objects.filter(worker_id=owner.worker_id))) == 7
+            else None
+        )
+    )
+    grants = sorted(rows, key=lambda r: r.created_at.timestamp() * 1000 + r.queue_wait_ms)
+    # The hold, then one more of the owner's (it entered the read's round first), then the read.
+    assert [r.operation for r in grants].index("read_file") == 2
+    (their,) = [r for r in rows if r.operation == "read_file"]
+    assert their.flow_hash == flow_of(member) and their.granted_out_of_order
+    assert {r.flow_hash for r in rows if r.operation != "read_file"} == {flow_of(owner)}
+    assert sum(r.granted_out_of_order for r in rows) == 1

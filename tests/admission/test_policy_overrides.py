@@ -206,6 +206,7 @@ def test_set_policy_show_prints_the_effective_policy_and_where_each_value_comes_
             "JOB_TIMEOUT",
             "WORKSPACE_QUEUE_CEILING_MS",
             "WORKER_QUEUE_LIMIT",
+            "WORKER_FLOW_SHARE_PERCENT",
             "CODEAPI_BRIDGE_MAX_WORKSPACE_LEASE_SLOTS",
             "WORKSPACE_TOOLS_RATE_LIMIT",
             "WORKSPACE_TOOLS_RATE_LIMIT_ENABLED",

@@ -33,7 +33,7 @@ def _burst(prefix: str, proc: int, calls: int, barrier: Any, out: Any) -> None:
                 exec_budget_ms=60_000,
                 queue_limit=32,
                 slot_ceiling=8,
-                operation="read_file",
+                operation="write_file",
             )
             return entry, result.status, result.ticket
 

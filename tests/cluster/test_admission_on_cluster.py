@@ -100,7 +100,7 @@ def test_every_script_runs_on_the_cluster_for_workers_spread_over_all_three_node
                 exec_budget_ms=20_000,
                 queue_limit=4,
                 slot_ceiling=8,
-                operation="read_file",
+                operation="write_file",
             )
 
         a = await enter("a", ("A", ""))
