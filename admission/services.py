@@ -27,7 +27,7 @@ from sluice_protocol import (
     validate_result,
 )
 
-from admission import deadlines, refusals, shutdown
+from admission import backlog, deadlines, refusals, shutdown
 from admission.callers import caller_key_valid, forget_cached_callers
 from admission.completion import CompletionDraft, expected_outage
 from admission.connections import async_broker
@@ -231,7 +231,20 @@ async def _wait_for_grant(
         message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
         if message is not None:
             return _granted_or_raise(call, message)
-    raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
+    raise refusals.queue_timeout(await _timeout_retry_s(call, queue, policy, clock))
+
+
+async def _timeout_retry_s(call: Call, queue: AsyncQueue, policy: Policy, clock: Clock) -> int:
+    """When the call would have found a place, had it kept its own (its ticket; none: it never
+    entered)."""
+    return await backlog.queue_timeout_retry_s(
+        queue,
+        worker_id=call.worker_id,
+        request=call.request,
+        ticket=call.draft.fencing_ticket,
+        slot_ceiling=policy.max_lease_slots,
+        now_ms=clock.scripts_ms(),
+    )
 
 
 def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
@@ -532,7 +545,7 @@ async def _admitted_call(
     if left_ms < -LATE_ENTRY_MS:
         # Its allowance ran out more than a second ago, before it reached its queue (a process
         # swamped by a burst): granting it now would be a wait past allowance + 1 s (§2.8).
-        raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
+        raise refusals.queue_timeout(await _timeout_retry_s(call, queue, policy, clock))
     if call.durable:
         # Whoever claims it first once the call ends writes its row from this draft
         # (admission/durable.py): this process, any process answering its status, or the
@@ -610,6 +623,12 @@ async def _admitted_call(
         raise refusals.queue_full(
             call.worker_id,
             entered.held,
+            retry_after_s=await backlog.queue_full_retry_s(
+                queue,
+                worker_id=call.worker_id,
+                slot_ceiling=policy.max_lease_slots,
+                now_ms=clock.scripts_ms(),
+            ),
             holds_until=asked + settings.SLUICE_FULL_QUEUE_HOLD_MS / 1000,
         )
     if entered.status == "offline":
