@@ -152,35 +152,32 @@ def test_the_wait_stays_within_1_and_30_seconds(sync_redis: redis.Redis, redis_p
     assert run(scenario, redis_prefix) == (1, 30)
 
 
-def test_a_full_queue_with_a_short_head_stays_a_quick_retry(
-    sync_redis: redis.Redis, redis_prefix: str
+@pytest.mark.parametrize(
+    ("calls", "now", "expected"),
+    [
+        # Two 30 ms reads run, thirty 20 s commands wait behind them: a place frees at once,
+        # so a full queue with a short head stays a quick retry.
+        ([("a", "read_file"), ("b", "read_file"), *[("ws", COMMAND)] * 30], T0 + 20, 1),
+        # 6 s into two 20 s commands: the first ends in about 14 s.
+        ([("a", COMMAND), ("b", COMMAND)], T0 + 6_000, 14),
+    ],
+)
+def test_a_full_queue_is_told_when_its_first_running_call_is_likely_to_end(
+    sync_redis: redis.Redis,
+    redis_prefix: str,
+    calls: list[tuple[str, str]],
+    now: int,
+    expected: int,
 ) -> None:
     register(sync_redis, redis_prefix, slots=2)
     measured(sync_redis, redis_prefix, *[(COMMAND, 20_000)] * 4, *[("read_file", 30)] * 4)
 
     async def scenario(q: AsyncQueue) -> int:
-        # Two 30 ms reads run, thirty 20 s commands wait behind them: a place frees at once.
-        calls = [("a", "read_file"), ("b", "read_file"), *[("ws", COMMAND)] * 30]
-        entered = await fill(q, calls, queue_limit=32)
+        entered = await fill(q, calls, queue_limit=len(calls))
         assert [e.status for e in entered[:2]] == ["granted", "granted"]
-        return int(await queue_full_retry_s(q, worker_id=W, slot_ceiling=8, now_ms=T0 + 20))
+        return int(await queue_full_retry_s(q, worker_id=W, slot_ceiling=8, now_ms=now))
 
-    assert run(scenario, redis_prefix) == 1
-
-
-def test_a_full_queue_whose_running_calls_are_long_waits_for_the_first_to_end(
-    sync_redis: redis.Redis, redis_prefix: str
-) -> None:
-    register(sync_redis, redis_prefix, slots=2)
-    measured(sync_redis, redis_prefix, *[(COMMAND, 20_000)] * 4)
-
-    async def scenario(q: AsyncQueue) -> int:
-        entered = await fill(q, [("a", COMMAND), ("b", COMMAND)], queue_limit=2)
-        assert [e.status for e in entered] == ["granted", "granted"]
-        # 6 s into two 20 s commands: the first ends in about 14 s.
-        return int(await queue_full_retry_s(q, worker_id=W, slot_ceiling=8, now_ms=T0 + 6_000))
-
-    assert run(scenario, redis_prefix) == 14
+    assert run(scenario, redis_prefix) == expected
 
 
 def test_work_on_other_workspaces_counts_only_where_it_holds_the_slots(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import redis
-from callhelpers import Caller, command, wait_until
+from callhelpers import command, wait_until
 from django.conf import settings
 from livesupport import git_workspace
 from test_admission_capacity import held
+from test_admission_deadlines import _caller
 
 from admission.queue import worker_keys
 
@@ -26,7 +27,7 @@ def test_a_timeout_behind_a_backlog_is_told_the_backlog_in_header_and_body(
 ):
     owner = account_factory()
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
-    caller = Caller(api.url, owner.auth | {"X-LibreChat-Code-Worker-ID": owner.worker_id})
+    caller = _caller(api, owner)
     try:
         # The worker's pace: one 1 s command, whose row puts it in the drain list.
         assert caller.send(command("a", SECOND)).status_code == 200
