@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, close_old_connections, transaction
 from redis.exceptions import RedisError
 
+from admission.backlog import pace_record
 from admission.dbthread import in_db_thread
 from admission.models import CompletionLog
 from admission.queue import row_cleanup
@@ -439,6 +440,7 @@ async def completion_emit_many(drafts: list[CompletionDraft], client: Any) -> No
         pipe = client.pipeline(transaction=False)
         for data in rows:
             pipe.xadd(stream_key(), _encode(data), maxlen=STREAM_MAX_ROWS, approximate=True)
+            pace_record(pipe, data, prefix=settings.REDIS_KEY_PREFIX)
         for draft in drafts:
             if draft.saved_as is not None:
                 # After its row, in the same round trip: a draft left behind (this batch went

@@ -21,7 +21,8 @@ from sluice_protocol import DEFAULT_COMMAND_TIMEOUT_MS
 
 SETTLE_MS = 5_000
 DEFAULT_EXEC_MS = 30_000
-# Retry-After for WORKSPACE_QUEUE_TIMEOUT: capacity is usually back within a few seconds.
+# Retry-After for WORKSPACE_QUEUE_TIMEOUT when the worker's pace is not known yet
+# (admission/backlog.py estimates it from the backlog otherwise).
 QUEUE_TIMEOUT_RETRY_AFTER_S = 2
 
 

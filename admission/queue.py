@@ -9,6 +9,8 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:{w:ID}:e            HASH  entry id -> JSON entry (state, key, deadline, slot ...)
     P adm:{w:ID}:stats        HASH  counters (queue_full, settle_discarded)           (TTL 7 d)
     P adm:{w:ID}:env          HASH  entry id -> its Celery envelope, until the grant pushes it
+    P adm:{w:ID}:drain        LIST  recent execution times, "<operation> <ms>", newest first
+                                    (admission/backlog.py: Retry-After)              (TTL 1 h)
     P adm:{w:ID}:wake:<entry> LIST  pushes to one waiting request: grant, result, offline ...
     P adm:{w:ID}:ds:<entry>   STRING  a durable call's status (JSON), or a synchronous one's
                                     while its row draft waits                (TTL >= 10 min)
@@ -69,9 +71,23 @@ DURABLE_INDEX_TTL_MS = 3600 * 1000
 # Operations that change nothing in a workspace (reads, instruction reads, edit previews): on
 # one isolation key they run together, up to the slots (see conflicts in lua/_common.lua).
 SHARED_OPERATIONS = OPERATIONS - MUTATING_OPERATIONS
+
+# The drain list keeps this many execution times per worker, and forgets them after an idle
+# hour (an estimate from a morning's load is no guide to the afternoon's).
+DRAIN_SAMPLES = 64
+DRAIN_TTL_MS = 3600 * 1000
 # Separates the offer tokens a call needs / a workspace offers (never in a token itself).
 OFFER_SEP = "\x1f"
-ADMISSION_SCRIPTS = ("enter", "leave", "release", "settle", "register", "heartbeat", "deregister")
+ADMISSION_SCRIPTS = (
+    "enter",
+    "leave",
+    "release",
+    "settle",
+    "register",
+    "heartbeat",
+    "deregister",
+    "backlog",
+)
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,7 @@ class WorkerKeys:
     env: str
     status_prefix: str
     row_prefix: str
+    drain: str
 
     def wake(self, entry_id: str) -> str:
         return self.wake_prefix + entry_id
@@ -108,6 +125,7 @@ def worker_keys(prefix: str, worker_id: str) -> WorkerKeys:
         env=f"{tag}:env",
         status_prefix=f"{tag}:ds:",
         row_prefix=f"{tag}:row:",
+        drain=f"{tag}:drain",
     )
 
 
@@ -141,6 +159,15 @@ def row_cleanup(pipe: Any, *, prefix: str, worker_id: str, entry_id: str) -> Non
     k = worker_keys(prefix, worker_id)
     pipe.delete(k.row(entry_id), k.status(entry_id))
     pipe.zrem(durable_index_key(prefix), f"{worker_id} {entry_id}")
+
+
+def drain_sample(pipe: Any, *, prefix: str, worker_id: str, operation: str, exec_ms: int) -> None:
+    """Queue on `pipe` one call's execution time on its worker (no round trip of its own):
+    what the Retry-After estimate learns the worker's pace from."""
+    key = worker_keys(prefix, worker_id).drain
+    pipe.lpush(key, f"{operation} {exec_ms}")
+    pipe.ltrim(key, 0, DRAIN_SAMPLES - 1)
+    pipe.pexpire(key, DRAIN_TTL_MS)
 
 
 def revoked_key_prefix(prefix: str) -> str:
@@ -195,6 +222,17 @@ class Entered:
     queue_deadline_ms: int = 0
     held: int = 0
     code: str = ""
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """A worker's queue as one read-only step saw it (AsyncQueue.backlog): its entries in no
+    particular order, its slots, and its recent execution times, newest first."""
+
+    now_ms: int
+    slots: int
+    entries: list[dict[str, Any]]
+    samples: list[tuple[str, int]]
 
 
 def _s(value: Any) -> str:
@@ -471,6 +509,24 @@ class AsyncQueue(_Scripts):
             ],
         )
         return _s(raw[0]) == "released"
+
+    async def backlog(
+        self, *, worker_id: str, slot_ceiling: int, now_ms: int | None = None
+    ) -> QueueView:
+        """The queue and the worker's pace, read in one step that changes nothing."""
+        k = self.keys(worker_id)
+        now, slots, ceiling, entries, samples = await self.scripts["backlog"](
+            keys=[k.reg, k.entries, k.drain], args=[_now(now_ms), DRAIN_SAMPLES]
+        )
+        registered = int(_s(slots) or 0)
+        ceil = slot_ceiling or int(_s(ceiling) or registered)
+        parsed = [_s(x).split(" ", 1) for x in samples]
+        return QueueView(
+            now_ms=int(now),
+            slots=min(registered, ceil),
+            entries=[decode_entry(raw) for raw in entries],
+            samples=[(p[0], int(p[1])) for p in parsed if len(p) == 2 and p[1].isdigit()],
+        )
 
     async def entry(self, *, worker_id: str, entry_id: str) -> dict[str, Any] | None:
         raw = await self.client.hget(self.keys(worker_id).entries, entry_id)

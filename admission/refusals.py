@@ -94,11 +94,16 @@ def request_id_taken() -> Refusal:
     )
 
 
-def queue_full(worker_id: str, held: int, *, holds_until: float | None = None) -> Refusal:
+def queue_full(
+    worker_id: str, held: int, *, retry_after_s: int = 1, holds_until: float | None = None
+) -> Refusal:
+    """`retry_after_s`: when a place is likely (admission/backlog.py); a quick retry unless
+    the queue was read."""
     return Refusal(
         "WORKER_QUEUE_FULL",
         f"Worker {worker_id} already holds {held} calls; {NOT_STARTED}. "
         "Slow down or use another worker.",
+        retry_after_s=retry_after_s,
         admission_outcome="queue_full",
         holds_until=holds_until,
     )

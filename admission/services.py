@@ -27,7 +27,7 @@ from sluice_protocol import (
     validate_result,
 )
 
-from admission import deadlines, refusals, shutdown
+from admission import backlog, deadlines, refusals, shutdown
 from admission.callers import caller_key_valid, forget_cached_callers
 from admission.completion import CompletionDraft, expected_outage
 from admission.connections import async_broker
@@ -232,7 +232,20 @@ async def _wait_for_grant(
         message = await queue.poll(worker_id=call.worker_id, entry_id=call.entry_id)
         if message is not None:
             return _granted_or_raise(call, message)
-    raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
+    raise refusals.queue_timeout(await _timeout_retry_s(call, queue, policy, clock))
+
+
+async def _timeout_retry_s(call: Call, queue: AsyncQueue, policy: Policy, clock: Clock) -> int:
+    """When the call would have found a place, had it kept its own (its ticket; none: it never
+    entered)."""
+    return await backlog.queue_timeout_retry_s(
+        queue,
+        worker_id=call.worker_id,
+        request=call.request,
+        ticket=call.draft.fencing_ticket,
+        slot_ceiling=policy.max_lease_slots,
+        now_ms=clock.scripts_ms(),
+    )
 
 
 def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
@@ -539,12 +552,25 @@ async def _admitted_call(
     wait for its settlement."""
     expires = datetime.fromtimestamp(clock.now() + budgets.life_ms / 1000, tz=UTC)
     entry_budget_ms = _entry_budget_ms(budgets, clock)
+    if entry_budget_ms is None:
+        # Granting it now would already be a wait past allowance + 1 s.
+        raise refusals.queue_timeout(await _timeout_retry_s(call, queue, budgets.policy, clock))
     if call.durable:
         await _durable_draft_saved(call, queue, budgets)
     entered, asked, message = await _entered(
         call, queue, budgets, target, entry_budget_ms, expires, clock
     )
-    refused = refusal_at_entry(call.worker_id, entered, asked)
+    full_retry_s = (
+        await backlog.queue_full_retry_s(
+            queue,
+            worker_id=call.worker_id,
+            slot_ceiling=budgets.policy.max_lease_slots,
+            now_ms=clock.scripts_ms(),
+        )
+        if entered.status == "full"
+        else 1
+    )
+    refused = refusal_at_entry(call.worker_id, entered, asked, full_retry_s=full_retry_s)
     if refused is not None:
         raise refused
     _mark_entered(call, entered)
@@ -565,15 +591,15 @@ async def _admitted_call(
     return await _result_awaited(call, queue, grant, budgets.policy, admitted_at, woken, clock)
 
 
-def _entry_budget_ms(budgets: Budgets, clock: Clock) -> int:
-    """What is left of the queue allowance as the call enters. It counts from the request's
-    start (contract §2.3), so time a loaded process spent before this point cannot let Redis
-    grant the call later than allowed (§2.8: no wait past allowance + 1 s)."""
+def _entry_budget_ms(budgets: Budgets, clock: Clock) -> int | None:
+    """What is left of the queue allowance as the call enters; None: it ran out more than
+    LATE_ENTRY_MS ago. It counts from the request's start (contract §2.3), so time a loaded
+    process spent before this point cannot let Redis grant the call later than allowed (§2.8:
+    no wait past allowance + 1 s)."""
     # Rounded up, so the entry's deadline in Redis is never before the allowance's end.
     left_ms = math.ceil((budgets.queue_deadline - clock.monotonic()) * 1000)
     if left_ms < -LATE_ENTRY_MS:
-        # Granting it now would already be a wait past allowance + 1 s.
-        raise refusals.queue_timeout(deadlines.QUEUE_TIMEOUT_RETRY_AFTER_S)
+        return None
     # At least 1 ms: a call that arrives just spent is still granted if its slot is free,
     # and else times out at once.
     return max(1, left_ms)
@@ -680,9 +706,12 @@ async def _enter_once(
     )
 
 
-def refusal_at_entry(worker_id: str, entered: Entered, asked: float) -> refusals.Refusal | None:
+def refusal_at_entry(
+    worker_id: str, entered: Entered, asked: float, *, full_retry_s: int = 1
+) -> refusals.Refusal | None:
     """The refusal for a call the queue did not take (None: granted or waiting). `asked`:
-    when the enter was sent, on the service's monotonic clock."""
+    when the enter was sent, on the service's monotonic clock; `full_retry_s`: a full queue's
+    Retry-After (admission/backlog.py)."""
     if entered.status == "full":
         # Taken as full for a moment, during which the edge answers the caller's next calls to
         # this worker without asking the queue: a burst costs one queue script per moment, not
@@ -690,6 +719,7 @@ def refusal_at_entry(worker_id: str, entered: Entered, asked: float) -> refusals
         return refusals.queue_full(
             worker_id,
             entered.held,
+            retry_after_s=full_retry_s,
             holds_until=asked + settings.SLUICE_FULL_QUEUE_HOLD_MS / 1000,
         )
     if entered.status == "offline":

@@ -29,6 +29,9 @@ class Answer:
     when: str
     started: str = "no"
     retry_after: bool = False
+    # The body repeats Retry-After as `retry_after_seconds` (a client that reads only bodies,
+    # as the §3 rate limit's does, sees the same wait).
+    retry_in_body: bool = False
 
 
 # Refusals of admission and of the API edge itself. A worker's own codes take their status
@@ -64,7 +67,9 @@ ANSWERS: dict[str, Answer] = {
         408, "the body did not arrive whole within SLUICE_REQUEST_BODY_TIMEOUT_S"
     ),
     "UNSUPPORTED_MEDIA_TYPE": Answer(415, "body is not application/json"),
-    "WORKER_QUEUE_FULL": Answer(429, "the worker's queue is full"),
+    "WORKER_QUEUE_FULL": Answer(
+        429, "the worker's queue is full", retry_after=True, retry_in_body=True
+    ),
     "RATE_LIMITED": Answer(
         429, "principal over its rate (§3: the RateLimited body)", retry_after=True
     ),
@@ -78,7 +83,7 @@ ANSWERS: dict[str, Answer] = {
     "INTERNAL_ERROR": Answer(500, "an unforeseen error", started="unknown"),
     "RESULT_INVALID": Answer(502, "the worker's answer broke §2.2", started="unknown"),
     "WORKSPACE_QUEUE_TIMEOUT": Answer(
-        503, "not admitted within the queue budget", retry_after=True
+        503, "not admitted within the queue budget", retry_after=True, retry_in_body=True
     ),
     "WORKER_OFFLINE": Answer(503, "worker offline, restarted or replaced"),
     "NO_WORKER_SELECTED": Answer(503, "no worker header and no default worker"),
@@ -123,11 +128,13 @@ def refusal_headers(refusal: Refusal) -> dict[str, str]:
 
 
 def refusal_body(refusal: Refusal) -> dict[str, Any]:
-    return (
-        refusal.body
-        if refusal.body is not None
-        else {"error": refusal.message, "code": refusal.code}
-    )
+    if refusal.body is not None:
+        return refusal.body
+    body: dict[str, Any] = {"error": refusal.message, "code": refusal.code}
+    answer = ANSWERS.get(refusal.code)
+    if answer is not None and answer.retry_in_body and refusal.retry_after_s is not None:
+        body["retry_after_seconds"] = refusal.retry_after_s
+    return body
 
 
 def refusal_response(refusal: Refusal) -> Response:

@@ -79,16 +79,28 @@ def worker_codes() -> dict[int, list[str]]:
     return table
 
 
-def error_body(codes: Sequence[str], patterns: Sequence[str] = ()) -> Schema:
-    """`{"error", "code"}` and nothing else; `code` one of `codes` or matching a pattern."""
+def error_body(
+    codes: Sequence[str], patterns: Sequence[str] = (), *, retry_hint: bool = False
+) -> Schema:
+    """`{"error", "code"}` and nothing else; `code` one of `codes` or matching a pattern.
+    `retry_hint`: some of the codes repeat Retry-After in the body (`retry_after_seconds`)."""
     code: Schema = {"type": "string", "enum": list(codes)}
     if patterns:
         code = {"anyOf": [code, *({"type": "string", "pattern": x} for x in patterns)]}
+    properties: Schema = {"error": {"type": "string"}, "code": code}
+    if retry_hint:
+        properties["retry_after_seconds"] = {
+            "type": "integer",
+            "minimum": 1,
+            "description": "= Retry-After, on "
+            + ", ".join(c for c in codes if c in ANSWERS and ANSWERS[c].retry_in_body)
+            + ".",
+        }
     return {
         "type": "object",
         "required": ["error", "code"],
         "additionalProperties": False,
-        "properties": {"error": {"type": "string"}, "code": code},
+        "properties": properties,
     }
 
 
@@ -104,7 +116,8 @@ def _refusal_response(status: int, service: list[str], worker: list[str]) -> Ope
     plain = [c for c in service if c != RATE_LIMITED]
     plain += [c for c in worker if c[0] != "^" and c not in plain]
     patterns = [c for c in worker if c[0] == "^"]
-    body = error_body(plain, patterns)
+    hinted = any(ANSWERS[c].retry_in_body for c in service)
+    body = error_body(plain, patterns, retry_hint=hinted)
     if RATE_LIMITED in service:
         body = {"oneOf": [body, {"$ref": REF + "RateLimited"}]} if plain else RateLimited.schema
     body = {**body, "x-codes": _code_rows(service, worker)}
