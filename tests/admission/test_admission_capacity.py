@@ -42,7 +42,14 @@ def test_33rd_call_gets_worker_queue_full_from_either_api_process(
         for server in api_servers:
             r = caller.send(read("repo"), wait_ms=4_000, base_url=server.url)
             assert r.status_code == 429, r.text
-            assert r.json() == {"error": r.json()["error"], "code": "WORKER_QUEUE_FULL"}
+            # Retry-After, also in the body: when a place is likely (admission/backlog.py).
+            told = int(r.headers["Retry-After"])
+            assert r.json() == {
+                "error": r.json()["error"],
+                "code": "WORKER_QUEUE_FULL",
+                "retry_after_seconds": told,
+            }
+            assert 1 <= told <= 30
         # Refused at once: well inside the 4 s a waiting call would have waited.
         assert time.monotonic() - started < 3.0
         # Another worker's queue is independent.
