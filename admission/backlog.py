@@ -6,8 +6,9 @@ Both come from one read of the queue (`AsyncQueue.backlog`) and the worker's pac
 execution time of its recent calls of each operation (of all of them, for an operation it has
 not run lately), which every completed call adds to as its row is written. The estimate replays
 the queue's rules on those durations: at most `slots` calls at once, one per isolation key,
-and no call before an older waiting call on a key it conflicts with. It knows nothing of calls
-that arrive later, nor of a call that runs past the usual, so it is a likely time, not a promise.
+and no call before an older waiting call on a key it conflicts with (reads share a key). It takes
+the calls ahead in arrival order, not the fair order across flows the grant uses, and knows nothing
+of calls that arrive later, nor of a call that runs past the usual, so it is a likely time, not a promise.
 
 The answer is whole seconds within 1..30 (LibreChat's first client waits at most 30 s). With
 no execution measured on the worker yet it is the quick retry of old: 2 s for a timeout, 1 s
@@ -26,7 +27,7 @@ from redis.exceptions import RedisError
 from sluice_protocol import isolation_key
 
 from admission.deadlines import QUEUE_TIMEOUT_RETRY_AFTER_S
-from admission.queue import AsyncQueue, QueueView, drain_sample
+from admission.queue import SHARED_OPERATIONS, AsyncQueue, QueueView, drain_sample
 
 log = logging.getLogger("sluice.admission")
 
@@ -53,7 +54,9 @@ class Work:
 
 def conflicts(a: Work, b: Work) -> bool:
     """The queue's rule (admission/lua/_common.lua): a lane conflicts with itself and with its
-    checkout; different workspaces and sibling lanes do not."""
+    checkout; different workspaces and sibling lanes do not; two reads never do."""
+    if a.operation in SHARED_OPERATIONS and b.operation in SHARED_OPERATIONS:
+        return False
     return a.base == b.base and (a.lane == "" or b.lane == "" or a.lane == b.lane)
 
 

@@ -11,6 +11,7 @@ import redis
 from queuekit import run
 
 from admission.backlog import (
+    ANY_OPERATION,
     Work,
     pace_record,
     place_in_ms,
@@ -294,3 +295,10 @@ def test_a_lane_waits_for_its_checkout_and_sibling_lanes_do_not() -> None:
     assert place_in_ms(checkout, slots=4, means=means, call=Work(COMMAND, "ws", "l1")) == 1_000
     sibling = [Work(COMMAND, "ws", "l2", ran_ms=0)]
     assert place_in_ms(sibling, slots=4, means=means, call=Work(COMMAND, "ws", "l1")) == 0
+
+
+def test_reads_on_one_key_run_together_and_a_write_waits_for_them() -> None:
+    means = {"read_file": 1_000.0, COMMAND: 1_000.0, ANY_OPERATION: 1_000.0}
+    reading = [Work("read_file", "ws", "", ran_ms=0), Work("read_file", "ws", "", ran_ms=0)]
+    assert place_in_ms(reading, slots=4, means=means, call=Work("read_file", "ws", "")) == 0
+    assert place_in_ms(reading, slots=4, means=means, call=Work(COMMAND, "ws", "")) == 1_000
