@@ -72,7 +72,7 @@ def _worker(worker_id: str) -> Worker:
     return worker
 
 
-def call_cancel(*, worker_id: str, entry_id: str, actor: Actor) -> str:
+def call_cancel(*, worker_id: str, entry_id: str, actor: Actor, named: str = "") -> str:
     """Cancel one waiting call by its place in a worker's queue (the dashboard's button):
     "cancelled", "running" (untouched) or "gone" (no longer in the queue). Only a cancel is
     recorded: the others changed nothing."""
@@ -84,7 +84,7 @@ def call_cancel(*, worker_id: str, entry_id: str, actor: Actor) -> str:
         action_record(
             actor=actor,
             action=OperatorAction.CANCEL,
-            target=f"call {entry_id} on {worker_id}",
+            target=f"call {named or entry_id} on {worker_id}",
             result="cancelled while it waited",
         )
     return state
@@ -102,7 +102,9 @@ def request_cancel(*, request_id: str, actor: Actor) -> str:
         return found
     worker_id, entry_id = found
     try:
-        state = call_cancel(worker_id=worker_id, entry_id=entry_id, actor=actor)
+        state = call_cancel(
+            worker_id=worker_id, entry_id=entry_id, actor=actor, named=f"request {request_id}"
+        )
     except UnknownWorker:
         return "finished"
     return {"gone": "finished"}.get(state, state)
@@ -115,7 +117,12 @@ def worker_drain(*, worker_id: str, actor: Actor) -> bool:
     with transaction.atomic():
         changed = sync_queue().drain(worker_id=worker_id, note=note)
         if changed:
-            action_record(actor=actor, action=OperatorAction.DRAIN, target=f"worker {worker_id}")
+            action_record(
+                actor=actor,
+                action=OperatorAction.DRAIN,
+                target=f"worker {worker_id}",
+                result="grants nothing new; running calls finish",
+            )
     return changed
 
 

@@ -51,7 +51,7 @@ def test_cancel_call_cancels_a_waiting_call_and_leaves_a_running_one(worker: Wor
     assert "cancelled the waiting call" in cancelled.stdout
     _, entries, _ = sync_queue().snapshot(worker.worker_id)
     assert [e["id"] for e in entries] == ["e-run"]
-    assert audit() == [("cancel", f"call e-wait on {worker.worker_id}", "command")]
+    assert audit() == [("cancel", f"call request {waiting_rid} on {worker.worker_id}", "command")]
     assert OperatorAction.objects.get().actor.startswith("shell:")
 
 
