@@ -2,43 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
-from typing import Any
-
-import pytest
 import redis
+import test_queue
 from queuekit import run
+from test_queue import T0, W, enter, states
 
 from admission.queue import AsyncQueue, SyncQueue, worker_keys
 
-W = "w-ops"
-T0 = 1_000_000
-
-
-@pytest.fixture
-def sq(sync_redis: redis.Redis, redis_prefix: str) -> SyncQueue:
-    queue = SyncQueue(sync_redis, redis_prefix)
-    queue.register_incarnation(worker_id=W, incarnation="inc1", slots=2, ttl_ms=30_000)
-    return queue
-
-
-def enter(q: AsyncQueue, entry_id: str, base: str, now: int, **kw: Any) -> Awaitable[Any]:
-    args: dict[str, Any] = dict(
-        worker_id=W,
-        key=(base, ""),
-        queue_budget_ms=10_000,
-        exec_budget_ms=30_000,
-        queue_limit=32,
-        slot_ceiling=8,
-        operation="execute_command",
-    )
-    args.update(kw)
-    return q.enter(entry_id=entry_id, now_ms=now, **args)
-
-
-def states(sq: SyncQueue) -> dict[str, tuple[str, int | None]]:
-    _, entries, _ = sq.snapshot(W)
-    return {e["id"]: (e["st"], e.get("slot")) for e in entries}
+# test_queue's worker: registered as inc1 with 2 slots.
+sq = test_queue.sq
 
 
 def settle(sq: SyncQueue, entry_id: str, ticket: int, now: int) -> bool:
@@ -56,11 +28,11 @@ def test_a_drained_worker_grants_nothing_while_its_running_call_finishes(
     sq: SyncQueue, redis_prefix: str
 ) -> None:
     async def scenario(q: AsyncQueue) -> None:
-        running = await enter(q, "running", "a", T0)
+        running = await enter(q, "running", ("a", ""), T0)
         assert running.status == "granted"
         assert sq.drain(worker_id=W, note={"by": "ops"})
         # A free slot and a free key: still it waits.
-        assert (await enter(q, "new", "b", T0 + 1)).status == "waiting"
+        assert (await enter(q, "new", ("b", ""), T0 + 1)).status == "waiting"
         # The running call settles normally; the slot it frees grants nothing either.
         assert settle(sq, "running", running.ticket, T0 + 2)
         assert states(sq) == {"new": ("w", None)}
@@ -75,7 +47,7 @@ def test_a_resumed_worker_grants_its_queue_in_arrival_order(
     async def scenario(q: AsyncQueue) -> list[tuple[str, int]]:
         assert sq.drain(worker_id=W, note={"by": "ops"})
         for i, name in enumerate(["first", "second", "third"]):
-            assert (await enter(q, name, f"ws{i}", T0 + i)).status == "waiting"
+            assert (await enter(q, name, (f"ws{i}", ""), T0 + i)).status == "waiting"
         assert sq.resume(worker_id=W, slot_ceiling=8, now_ms=T0 + 10) == (True, 2)
         grants = []
         for name in ["first", "second"]:
@@ -101,8 +73,8 @@ def test_an_operator_cancels_a_waiting_call_and_never_a_running_one(
     sq: SyncQueue, redis_prefix: str
 ) -> None:
     async def scenario(q: AsyncQueue) -> None:
-        assert (await enter(q, "running", "ws", T0)).status == "granted"
-        assert (await enter(q, "waiting", "ws", T0 + 1, durable=True)).status == "waiting"
+        assert (await enter(q, "running", ("ws", ""), T0)).status == "granted"
+        assert (await enter(q, "waiting", ("ws", ""), T0 + 1, durable=True)).status == "waiting"
         assert (
             sq.cancel_waiting(worker_id=W, entry_id="running", slot_ceiling=8, now_ms=T0 + 2)
             == "running"
@@ -133,7 +105,7 @@ def test_a_drain_outlives_a_worker_restart_and_a_deregistered_worker_tells_its_q
         assert sync_redis.pttl(worker_keys(redis_prefix, W).drain) == -1  # no expiry
         sq.register_incarnation(worker_id=W, incarnation="inc2", slots=2, ttl_ms=30_000)
         assert W in sq.drained([W, "another"]) and "another" not in sq.drained([W])
-        assert (await enter(q, "waits", "ws", T0)).status == "waiting"
+        assert (await enter(q, "waits", ("ws", ""), T0)).status == "waiting"
         # Deregistering while drained answers the queue as it always did: offline.
         assert sq.deregister(worker_id=W, incarnation="inc2") == 1
         assert await q.poll(worker_id=W, entry_id="waits") == {"t": "offline"}
