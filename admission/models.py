@@ -273,8 +273,12 @@ class CompletionLog(models.Model):
     duration_ms = models.PositiveIntegerField(default=0)
     deadline_budget_ms = models.PositiveIntegerField(default=0)
     fencing_ticket = models.BigIntegerField(null=True, blank=True)
+    # A default in the database too: an API process of the previous release (a rolling
+    # upgrade) and the COPY of the benchmarks insert rows without this column.
     operator_cancelled = models.BooleanField(
-        default=False, help_text="An operator cancelled the call while it waited (not its client)."
+        default=False,
+        db_default=False,
+        help_text="An operator cancelled the call while it waited (not its client).",
     )
 
     class Meta:
