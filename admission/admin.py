@@ -21,7 +21,8 @@ from django.utils.safestring import SafeString, mark_safe
 from sluice_protocol import OPERATIONS
 
 from admission import workers_admin  # noqa: F401  (the tenants, keys and workers pages)
-from admission.models import AdmissionPolicy, CompletionLog, Quarantine
+from admission.models import AdmissionPolicy, CompletionLog, OperatorAction, Quarantine
+from admission.operator import Actor, action_record
 from admission.policy import forget_cached_policy, policy_row
 from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
 
@@ -140,6 +141,12 @@ class AdmissionPolicyAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         # The save bumps the policy version: every process has the change from its next call.
         forget_cached_policy()
+        action_record(
+            actor=Actor.of(request, via="admin"),
+            action=OperatorAction.POLICY,
+            target="global policy",
+            result=", ".join(form.changed_data)[:256],
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -460,6 +467,21 @@ class CompletionLogAdmin(ReadOnlyAdmin):
         return queryset.filter(match), False
 
 
+# ---------------------------------------------------------------------------------------
+# The audit trail
+
+
+class OperatorActionAdmin(ReadOnlyAdmin):
+    """Who cancelled, drained, resumed, revoked or changed the policy, and when (a record)."""
+
+    list_display = ["at", "actor", "action", "target", "result", "via"]
+    list_filter = ["action", "via"]
+    search_fields = ["actor", "target"]
+    date_hierarchy = "at"
+    actions = None
+
+
 admin.site.register(AdmissionPolicy, AdmissionPolicyAdmin)
+admin.site.register(OperatorAction, OperatorActionAdmin)
 admin.site.register(Quarantine, QuarantineAdmin)
 admin.site.register(CompletionLog, CompletionLogAdmin)

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from sluice_protocol import isolation_key
 
 from admission.deadlines import QUEUE_TIMEOUT_RETRY_AFTER_S
-from admission.queue import SHARED_OPERATIONS, AsyncQueue, QueueView, drain_sample
+from admission.queue import SHARED_OPERATIONS, AsyncQueue, QueueView, pace_sample
 
 log = logging.getLogger("sluice.admission")
 
@@ -129,7 +129,7 @@ def pace_record(pipe: Any, row: Mapping[str, Any], *, prefix: str) -> None:
         return
     if row["outcome"] != "completed" or row["code"] == "ASSIGNMENT_EXPIRED":
         return
-    drain_sample(
+    pace_sample(
         pipe,
         prefix=prefix,
         worker_id=str(row["worker_id"]),

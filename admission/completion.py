@@ -79,6 +79,8 @@ class CompletionDraft:
     # that entered before it (admission/lua/_common.lua, the fair order).
     flow_hash: str = ""
     granted_out_of_order: bool = False
+    # An operator cancelled it while it waited (its outcome is "cancelled" either way).
+    operator_cancelled: bool = False
     # (worker id, entry id) when a synchronous call's draft was saved in Redis as it entered
     # its queue (admission/durable.py sweeps it if this process dies): the row's write ends it.
     saved_as: tuple[str, str] | None = None
@@ -126,6 +128,7 @@ class CompletionDraft:
             self.admission_outcome = refusal.admission_outcome
         if refusal.code == "REQUEST_CANCELLED":
             self.outcome = "cancelled"
+            self.operator_cancelled = refusal.by_operator
 
     def answered(
         self,

@@ -55,7 +55,7 @@ from admission import deadlines, refusals
 from admission.completion import CompletionDraft, emit_row
 from admission.dbthread import in_db_thread
 from admission.models import Quarantine
-from admission.queue import AsyncQueue
+from admission.queue import OPERATOR, AsyncQueue
 from admission.ratelimit import RateLimiter
 from admission.refusals import Refusal
 from admission.services import (
@@ -249,7 +249,7 @@ async def durable_ending(
     elif state == "failed":
         refusal = _failure(str(status.get("code")), worker_id)
     elif state == "cancelled":
-        refusal = refusals.request_cancelled()
+        refusal = refusals.request_cancelled(by_operator=status.get("by") == OPERATOR)
     if refusal is not None and state != "cancelled":
         code = STATUS_CODES.get(refusal.code, refusal.code)
         answer.update(state="failed", error={"code": code, "message": refusal.message})

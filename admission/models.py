@@ -304,6 +304,13 @@ class CompletionLog(models.Model):
         db_default=False,
         help_text="Granted while a call that entered the same queue before it still waited.",
     )
+    # A default in the database too: an API process of the previous release (a rolling
+    # upgrade) and the COPY of the benchmarks insert rows without this column.
+    operator_cancelled = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="An operator cancelled the call while it waited (not its client).",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -315,3 +322,37 @@ class CompletionLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} {self.operation} {self.http_status}"
+
+
+class OperatorAction(models.Model):
+    """One thing a staff user did to live traffic or its rules: the audit trail (issue 38)."""
+
+    CANCEL = "cancel"
+    DRAIN = "drain"
+    RESUME = "resume"
+    REVOKE = "revoke"
+    POLICY = "policy"
+    ACTIONS = [
+        (CANCEL, "cancel a waiting call"),
+        (DRAIN, "drain a worker"),
+        (RESUME, "resume a worker"),
+        (REVOKE, "revoke keys"),
+        (POLICY, "change the policy"),
+    ]
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    # A name, not a key to the user table: the trail outlives the account, and a worker's
+    # install (config/worker_settings.py) has no auth app for a key to point at.
+    actor = models.CharField(
+        max_length=150, help_text="The staff user, or 'shell:<os user>' for a manage.py command."
+    )
+    via = models.CharField(max_length=16, help_text="dashboard, admin or command.")
+    action = models.CharField(max_length=16, choices=ACTIONS)
+    target = models.CharField(max_length=256, help_text="The worker, call or keys acted on.")
+    result = models.CharField(max_length=256, blank=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"

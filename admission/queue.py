@@ -9,8 +9,10 @@ any number of API processes and workers. Every key of one worker carries the has
     P adm:{w:ID}:e            HASH  entry id -> JSON entry (state, key, deadline, slot ...)
     P adm:{w:ID}:stats        HASH  counters (queue_full, settle_discarded)           (TTL 7 d)
     P adm:{w:ID}:env          HASH  entry id -> its Celery envelope, until the grant pushes it
-    P adm:{w:ID}:drain        LIST  recent execution times, "<operation> <ms>", newest first
+    P adm:{w:ID}:pace         LIST  recent execution times, "<operation> <ms>", newest first
                                     (admission/backlog.py: Retry-After)              (TTL 1 h)
+    P adm:{w:ID}:drain        STRING  present while an operator drains the worker: no grants
+                                    (who and when, JSON; no TTL: it outlives restarts)
     P adm:{w:ID}:wake:<entry> LIST  pushes to one waiting request: grant, result, offline ...
     P adm:{w:ID}:ds:<entry>   STRING  a durable call's status (JSON), or a synchronous one's
                                     while its row draft waits                (TTL >= 10 min)
@@ -72,10 +74,10 @@ DURABLE_INDEX_TTL_MS = 3600 * 1000
 # one isolation key they run together, up to the slots (see conflicts in lua/_common.lua).
 SHARED_OPERATIONS = OPERATIONS - MUTATING_OPERATIONS
 
-# The drain list keeps this many execution times per worker, and forgets them after an idle
+# The pace list keeps this many execution times per worker, and forgets them after an idle
 # hour (an estimate from a morning's load is no guide to the afternoon's).
-DRAIN_SAMPLES = 64
-DRAIN_TTL_MS = 3600 * 1000
+PACE_SAMPLES = 64
+PACE_TTL_MS = 3600 * 1000
 # Separates the offer tokens a call needs / a workspace offers (never in a token itself).
 OFFER_SEP = "\x1f"
 ADMISSION_SCRIPTS = (
@@ -87,7 +89,10 @@ ADMISSION_SCRIPTS = (
     "heartbeat",
     "deregister",
     "backlog",
+    "resume",
 )
+# What a waiting call's wake list is told when an operator (not its own client) cancelled it.
+OPERATOR = "operator"
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ class WorkerKeys:
     env: str
     status_prefix: str
     row_prefix: str
+    pace: str
     drain: str
 
     def wake(self, entry_id: str) -> str:
@@ -125,6 +131,8 @@ def worker_keys(prefix: str, worker_id: str) -> WorkerKeys:
         env=f"{tag}:env",
         status_prefix=f"{tag}:ds:",
         row_prefix=f"{tag}:row:",
+        pace=f"{tag}:pace",
+        # The grant reads it as the key beside reg (_common.lua drained()): keep the two in step.
         drain=f"{tag}:drain",
     )
 
@@ -161,13 +169,13 @@ def row_cleanup(pipe: Any, *, prefix: str, worker_id: str, entry_id: str) -> Non
     pipe.zrem(durable_index_key(prefix), f"{worker_id} {entry_id}")
 
 
-def drain_sample(pipe: Any, *, prefix: str, worker_id: str, operation: str, exec_ms: int) -> None:
+def pace_sample(pipe: Any, *, prefix: str, worker_id: str, operation: str, exec_ms: int) -> None:
     """Queue on `pipe` one call's execution time on its worker (no round trip of its own):
     what the Retry-After estimate learns the worker's pace from."""
-    key = worker_keys(prefix, worker_id).drain
+    key = worker_keys(prefix, worker_id).pace
     pipe.lpush(key, f"{operation} {exec_ms}")
-    pipe.ltrim(key, 0, DRAIN_SAMPLES - 1)
-    pipe.pexpire(key, DRAIN_TTL_MS)
+    pipe.ltrim(key, 0, PACE_SAMPLES - 1)
+    pipe.pexpire(key, PACE_TTL_MS)
 
 
 def revoked_key_prefix(prefix: str) -> str:
@@ -308,6 +316,34 @@ class _Scripts:
 
     def keys(self, worker_id: str) -> WorkerKeys:
         return worker_keys(self.prefix, worker_id)
+
+    def leave_call(
+        self,
+        worker_id: str,
+        entry_id: str,
+        *,
+        slot_ceiling: int,
+        message: dict[str, Any] | None,
+        code: str,
+        now_ms: int | None,
+        by: str,
+    ) -> dict[str, list[Any]]:
+        """The keys and arguments of leave.lua, for the async and the sync face alike."""
+        k = self.keys(worker_id)
+        return {
+            "keys": [k.reg, k.queue, k.entries, *self.dispatch_keys(worker_id)],
+            "args": [
+                _now(now_ms),
+                entry_id,
+                slot_ceiling,
+                k.wake_prefix,
+                json.dumps(message) if message else "",
+                k.status_prefix,
+                code,
+                self.revoked_prefix,
+                by,
+            ],
+        }
 
     def dispatch_keys(self, worker_id: str) -> list[str]:
         """The env HASH and, when the scripts can reach it, the worker's Celery queue list."""
@@ -467,24 +503,20 @@ class AsyncQueue(_Scripts):
         message: dict[str, Any] | None = None,
         code: str = "",
         now_ms: int | None = None,
+        by: str = "",
     ) -> tuple[str, Grant | None]:
         """Take a waiting call out; `code` is what its durable status says (a failure code, or
-        REQUEST_CANCELLED for 'cancelled')."""
-        k = self.keys(worker_id)
-        raw = await self.scripts["leave"](
-            keys=[k.reg, k.queue, k.entries, *self.dispatch_keys(worker_id)],
-            args=[
-                _now(now_ms),
-                entry_id,
-                slot_ceiling,
-                k.wake_prefix,
-                json.dumps(message) if message else "",
-                k.status_prefix,
-                code,
-                self.revoked_prefix,
-            ],
+        REQUEST_CANCELLED for 'cancelled'), `by` who cancelled it when not its own client."""
+        call = self.leave_call(
+            worker_id,
+            entry_id,
+            slot_ceiling=slot_ceiling,
+            message=message,
+            code=code,
+            now_ms=now_ms,
+            by=by,
         )
-        return parse_left(raw)
+        return parse_left(await self.scripts["leave"](**call))
 
     async def release(
         self,
@@ -516,7 +548,7 @@ class AsyncQueue(_Scripts):
         """The queue and the worker's pace, read in one step that changes nothing."""
         k = self.keys(worker_id)
         now, slots, ceiling, entries, samples = await self.scripts["backlog"](
-            keys=[k.reg, k.entries, k.drain], args=[_now(now_ms), DRAIN_SAMPLES]
+            keys=[k.reg, k.entries, k.pace], args=[_now(now_ms), PACE_SAMPLES]
         )
         registered = int(_s(slots) or 0)
         ceil = slot_ceiling or int(_s(ceiling) or registered)
@@ -863,3 +895,68 @@ class SyncQueue(_Scripts):
             ordered,
             {_s(a): _s(b) for a, b in stats.items()},
         )
+
+    # Operators (admission/operator.py): cancel a waiting call, drain and resume a worker.
+
+    def cancel_waiting(
+        self, *, worker_id: str, entry_id: str, slot_ceiling: int, now_ms: int | None = None
+    ) -> str:
+        """An operator takes a waiting call out exactly as its client's DELETE does, told that
+        an operator did it: 'cancelled', 'running' (untouched) or 'gone' (not in the queue)."""
+        call = self.leave_call(
+            worker_id,
+            entry_id,
+            slot_ceiling=slot_ceiling,
+            message={"t": "cancelled", "by": OPERATOR},
+            code="REQUEST_CANCELLED",
+            now_ms=now_ms,
+            by=OPERATOR,
+        )
+        status, _ = parse_left(self.scripts["leave"](**call))
+        return {"left": "cancelled"}.get(status, status)
+
+    def find_request(self, *, scopes: list[str], request_id: str) -> tuple[str, str] | str | None:
+        """Which call a request id names among these principals' (one pipelined GET each):
+        (worker id, entry id), "finished", or None when none of them holds it."""
+        pipe = self.client.pipeline(transaction=False)
+        for scope in scopes:
+            pipe.get(request_id_key(self.prefix, scope, request_id))
+        finished = False
+        for bound in pipe.execute() if scopes else []:
+            if bound is None:
+                continue
+            worker_id, _, rest = _s(bound).partition(" ")
+            entry_id = rest.partition(" ")[0]
+            if entry_id:
+                return worker_id, entry_id
+            finished = True
+        return "finished" if finished else None
+
+    def drain(self, *, worker_id: str, note: dict[str, Any]) -> bool:
+        """Stop granting this worker's queue (True: it was not drained before). No TTL: the
+        flag lasts until `resume`, through API and worker restarts alike."""
+        return bool(self.client.set(self.keys(worker_id).drain, json.dumps(note), nx=True))
+
+    def resume(
+        self, *, worker_id: str, slot_ceiling: int, now_ms: int | None = None
+    ) -> tuple[bool, int]:
+        """Grant again, in arrival order, in the same step: (it was drained, calls granted)."""
+        k = self.keys(worker_id)
+        raw = self.scripts["resume"](
+            keys=[k.reg, k.queue, k.entries, k.drain, *self.dispatch_keys(worker_id)],
+            args=[_now(now_ms), slot_ceiling, k.wake_prefix, k.status_prefix, self.revoked_prefix],
+        )
+        return int(raw[0]) == 1, int(raw[1])
+
+    def drained(self, worker_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The drained ones among these workers, with who drained them and when."""
+        pipe = self.client.pipeline(transaction=False)
+        for worker_id in worker_ids:
+            pipe.get(self.keys(worker_id).drain)
+        found = {}
+        for worker_id, raw in zip(worker_ids, pipe.execute() if worker_ids else [], strict=True):
+            if raw is not None:
+                with contextlib.suppress(ValueError, TypeError):
+                    found[worker_id] = dict(json.loads(raw))
+                found.setdefault(worker_id, {})
+        return found

@@ -27,6 +27,8 @@ class Refusal(Exception):
     # Until then (time.monotonic()) the same call from the same caller would get this same
     # answer, word for word: an API process may give it from memory (api/execute/burst.py).
     holds_until: float | None = None
+    # An operator ended the call (a cancel), not its client or the service.
+    by_operator: bool = False
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -130,11 +132,15 @@ def queue_timeout(retry_after_s: int) -> Refusal:
     )
 
 
-def request_cancelled() -> Refusal:
+def request_cancelled(*, by_operator: bool = False) -> Refusal:
+    """`by_operator`: an operator cancelled it (manage.py cancel_call, the dashboard), not its
+    own client; the answer is the same, only its words and its completion row say so."""
+    who = "An operator cancelled the call" if by_operator else "The call was cancelled"
     return Refusal(
         "REQUEST_CANCELLED",
-        "The call was cancelled while it waited; it was not started.",
+        f"{who} while it waited; it was not started.",
         admission_outcome="cancelled",
+        by_operator=by_operator,
     )
 
 

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from admission import refusals
 from admission.connections import sync_queue
 from admission.credentials import RedisAclUnavailable, worker_credentials_restore
+from admission.operator import drain_restore
 from admission.policy import current_policy
 from admission.services import workspace_offer_tokens
 from workspaces.dispatch import worker_queue_name
@@ -88,6 +89,8 @@ def worker_register(
     # connect: after a Redis restart both are gone, and this is the first thing it asks for.
     with _redis_answers():
         worker_credentials_restore(worker=worker)
+        # A drain outlives a Redis that restarted empty: the audit trail has the last word.
+        drain_restore(worker_id=worker.worker_id)
     negotiated = min(slots, current_policy().max_lease_slots)
     now = timezone.now()
     with transaction.atomic():

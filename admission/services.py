@@ -35,7 +35,7 @@ from admission.dbthread import in_db_thread
 from admission.deadlines import SYSTEM_CLOCK, Clock
 from admission.models import Quarantine
 from admission.policy import Policy, apolicy_for
-from admission.queue import AsyncQueue, Entered, Grant, offer_tokens
+from admission.queue import OPERATOR, AsyncQueue, Entered, Grant, offer_tokens
 from admission.ratelimit import RateDecision, RateLimiter
 from admission.selectors import Target
 from workspaces.access import Caller
@@ -267,7 +267,7 @@ def _granted_or_raise(call: Call, message: dict[str, Any]) -> Grant:
     if kind == "revoked":
         raise refusals.key_revoked()
     if kind == "cancelled":
-        raise refusals.request_cancelled()
+        raise refusals.request_cancelled(by_operator=message.get("by") == OPERATOR)
     if kind == shutdown.MESSAGE["t"]:
         raise refusals.shutting_down(waited=True)
     raise refusals.worker_offline(call.worker_id)

@@ -24,7 +24,8 @@ from admission.credentials import (
     WorkerRedisCredentials,
     worker_credentials_issue,
 )
-from admission.models import PolicyOverride
+from admission.models import OperatorAction, PolicyOverride
+from admission.operator import Actor, action_record
 from admission.policy import forget_cached_policy, load_overrides, policy_sources, resolve
 from admission.revocation import api_keys_revoke, principal_active_set
 from workspaces.adminfilters import IsSetFilter, ReadOnlyAdmin
@@ -117,6 +118,15 @@ class ForgetsPolicyOnSave(admin.ModelAdmin):
         super().save_related(request, form, formsets, change)
         # The save bumps the policy version: every process has the change from its next call.
         forget_cached_policy()
+        for formset in formsets:
+            touched = [*formset.new_objects, *formset.changed_objects, *formset.deleted_objects]
+            if formset.model is PolicyOverride and touched:
+                action_record(
+                    actor=Actor.of(request, via="admin"),
+                    action=OperatorAction.POLICY,
+                    target=f"override of {form.instance}",
+                    result="removed" if formset.deleted_objects else "saved",
+                )
 
 
 def effective_policy_table(worker: Worker) -> SafeString:
@@ -243,6 +253,12 @@ class PrincipalAdmin(admin.ModelAdmin):
         if change and "is_active" in form.changed_data:
             # Disabled: its calls waiting for a slot are refused, not dispatched.
             principal_active_set(principal=obj, active=obj.is_active)
+            action_record(
+                actor=Actor.of(request, via="admin"),
+                action=OperatorAction.REVOKE,
+                target=f"principal {obj} (all its keys)",
+                result="enabled again" if obj.is_active else "disabled",
+            )
 
     @admin.action(description="Create API key", permissions=["change"])
     def create_api_key(self, request: HttpRequest, queryset: QuerySet[Principal]) -> None:
@@ -312,6 +328,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
         # Already revoked keys keep their original revocation time. Their calls waiting for
         # a slot are refused too, not dispatched (admission/revocation.py).
         count = api_keys_revoke(keys=queryset)
+        if count:
+            action_record(
+                actor=Actor.of(request, via="admin"),
+                action=OperatorAction.REVOKE,
+                target="keys " + ", ".join(sorted(k.prefix for k in queryset))[:240],
+                result=f"{count} key(s) revoked",
+            )
         self.message_user(
             request, f"Revoked {count} key(s); they are refused from the next request on."
         )

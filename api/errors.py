@@ -56,7 +56,7 @@ ANSWERS: dict[str, Answer] = {
         409, "workspace, operation, lane, edit feature or instruction file not offered"
     ),
     "WORKSPACE_QUARANTINED": Answer(409, "the isolation key is quarantined"),
-    "REQUEST_CANCELLED": Answer(409, "cancelled by DELETE while it waited"),
+    "REQUEST_CANCELLED": Answer(409, "cancelled by DELETE or an operator while it waited"),
     "WORKER_SUPERSEDED": Answer(409, "this incarnation was replaced or expired"),
     "WORKER_ID_TAKEN": Answer(409, "another tenant holds the worker id; the code is spent"),
     "PAIRING_CODE_USED": Answer(409, "the pairing code was already redeemed"),

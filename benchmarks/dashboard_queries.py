@@ -223,6 +223,67 @@ def queries() -> dict[str, Callable[[Any], Any]]:
     }
 
 
+def load_operators(*, keys: int = 20_000, actions: int = 100_000) -> list[int]:
+    """What the live cards' who-waits lookup and the audit list read: `keys` API keys of
+    principals spread over 200 tenants, and `actions` rows of the audit trail over 90 days.
+    Returns the key ids, for a lookup of a full card's worth of them."""
+    from django.utils import timezone
+
+    from admission.models import OperatorAction
+    from workspaces.models import ApiKey, Principal, Tenant
+
+    tenants = Tenant.objects.bulk_create(Tenant(name=f"bench-{i}") for i in range(200))
+    principals = Principal.objects.bulk_create(
+        Principal(tenant=tenants[i % len(tenants)], name=f"user-{i}") for i in range(keys // 4)
+    )
+    made = ApiKey.objects.bulk_create(
+        (
+            ApiKey(principal=principals[i % len(principals)], prefix=f"b{i}", key_hash=f"{i:064x}")
+            for i in range(keys)
+        ),
+        batch_size=5_000,
+    )
+    now = timezone.now()
+    rng = random.Random(38)
+    OperatorAction.objects.bulk_create(
+        (
+            OperatorAction(
+                at=now - timedelta(seconds=rng.uniform(0, 90 * 86400)),
+                actor=f"staff-{rng.randrange(20)}",
+                via=rng.choice(["dashboard", "admin", "command"]),
+                action=rng.choice([a for a, _ in OperatorAction.ACTIONS]),
+                target=f"worker {rng.choice(WORKERS)}",
+            )
+            for _ in range(actions)
+        ),
+        batch_size=10_000,
+    )
+    with connection_cursor() as cursor:
+        for model in (ApiKey, OperatorAction):
+            cursor.execute(f"ANALYZE {model._meta.db_table}")
+    return [k.pk for k in made]
+
+
+def connection_cursor() -> Any:
+    from django.db import connection
+
+    return connection.cursor()
+
+
+def operator_queries(key_ids: list[int]) -> dict[str, Callable[[], Any]]:
+    """The live cards' who-waits lookup (the key ids of 8 workers' full queues of 32, one
+    query) and the admin's audit list (its first page, and filtered by action)."""
+    from admission.models import OperatorAction
+    from dashboard.live import _callers
+
+    wanted = {str(k) for k in random.Random(7).sample(key_ids, 8 * 32)}
+    return {
+        "who waits: 256 callers by key id": lambda: _callers(wanted),
+        "audit list, first page": lambda: list(OperatorAction.objects.all()[:100]),
+        "audit list, one action": lambda: list(OperatorAction.objects.filter(action="drain")[:100]),
+    }
+
+
 def attach(name: str) -> None:
     """Django on an existing benchmark database (harness.prepare, without recreating it)."""
     import os
@@ -358,6 +419,16 @@ def main() -> None:
         f"{'whole history page':<{width}}"
         + "".join(f"{page[label]:>15.1f} ms" for label in windows)
     )
+    if not args.reuse:
+        started = time.perf_counter()
+        key_ids = load_operators()
+        print(
+            f"\nloaded 20,000 API keys and 100,000 audit rows in {time.perf_counter() - started:.1f} s"
+        )
+        for name, fn in operator_queries(key_ids).items():
+            took = round(timed(fn, args.repeat), 1)
+            results[name] = {label: took for label in windows}
+            print(f"{name:<{width}}{took:>15.1f} ms")
     worst = max(v for row in results.values() for v in row.values())
     print(f"\nslowest single query: {worst:.1f} ms (target <= 300 ms)")
     print(

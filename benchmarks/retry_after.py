@@ -50,7 +50,7 @@ def main() -> int:
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"sluice-bench-retry-{os.getpid()}"
     acct = harness.account("retry-worker")
     paced = Redis.from_url(settings.ADMISSION_REDIS_URL)
-    drain = worker_keys(settings.REDIS_KEY_PREFIX, acct["worker_id"]).drain
+    pace = worker_keys(settings.REDIS_KEY_PREFIX, acct["worker_id"]).pace
     api = start_api(env)
     worker = Worker(
         acct["worker_id"], acct["worker_token"], {"a": git_workspace(tmp / "a")}, api.url, env,
@@ -68,7 +68,7 @@ def main() -> int:
     try:
         assert caller.send(command("a", sleep)).status_code == 200  # the worker's pace
         # Its row, and so the pace, is written just after the answer.
-        wait_until(lambda: bool(paced.llen(drain)))
+        wait_until(lambda: bool(paced.llen(pace)))
         for n in (int(x) for x in args.backlogs.split(",")):
             backlog = [caller.submit(command("a", sleep)) for _ in range(n)]
             # Every call of the backlog in the queue (or, the first ones, already through).

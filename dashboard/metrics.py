@@ -155,6 +155,11 @@ class SluiceCollector:
                 lambda c: c.queue_limit,
             ),
             (
+                "sluice_worker_draining",
+                "1 while an operator drains the worker: it grants nothing new until resumed.",
+                lambda c: int(c.draining),
+            ),
+            (
                 "sluice_queue_oldest_wait_seconds",
                 "How long the oldest waiting call has waited.",
                 lambda c: c.oldest_wait_ms / 1000,

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET
 from dashboard.live import card_json, live_cards
 from dashboard.panels import history_panels
 from dashboard.window import DEFAULT_RANGE, RANGES, Window, parse_duration, step_label
-from workspaces.models import Worker
+from workspaces.models import Tenant, Worker
 
 # The live cards refresh this often (the page's script reads it from the markup).
 LIVE_REFRESH_MS = 2000
@@ -50,6 +50,21 @@ def _window(request: HttpRequest) -> tuple[Window, str]:
         chosen = DEFAULT_RANGE
     worker = request.GET.get("worker", "").strip()[:128] or None
     return Window.last(parse_duration(chosen), worker=worker), chosen
+
+
+def _tenant(request: HttpRequest) -> int | None:
+    """The tenant whose calls the live cards list (`?tenant=<id>`), or None for all."""
+    chosen = request.GET.get("tenant", "")
+    return int(chosen) if chosen.isdigit() else None
+
+
+def _live_context(request: HttpRequest) -> dict[str, Any]:
+    tenant_id = _tenant(request)
+    return {
+        "cards": live_cards(tenant_id=tenant_id),
+        "tenant_id": tenant_id,
+        "now": timezone.now(),
+    }
 
 
 def _step_label(window: Window) -> str:
@@ -84,7 +99,8 @@ def history_fragment(request: HttpRequest) -> HttpResponse:
 def dashboard_index(request: HttpRequest) -> HttpResponse:
     context = {
         **_history_context(request),
-        "cards": live_cards(),
+        **_live_context(request),
+        "tenants": list(Tenant.objects.order_by("name").values_list("pk", "name")),
         "refresh_ms": LIVE_REFRESH_MS,
         "refresh_s": LIVE_REFRESH_MS // 1000,
     }
@@ -95,7 +111,7 @@ def dashboard_index(request: HttpRequest) -> HttpResponse:
 @never_cache
 @staff_required
 def live_fragment(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/_live.html", {"cards": live_cards(), "now": timezone.now()})
+    return render(request, "dashboard/_live.html", _live_context(request))
 
 
 @require_GET
@@ -103,7 +119,10 @@ def live_fragment(request: HttpRequest) -> HttpResponse:
 @staff_required
 def live_json(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
-        {"at": timezone.now().isoformat(), "workers": [card_json(c) for c in live_cards()]}
+        {
+            "at": timezone.now().isoformat(),
+            "workers": [card_json(c) for c in live_cards(tenant_id=_tenant(request))],
+        }
     )
 
 

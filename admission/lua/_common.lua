@@ -222,6 +222,13 @@ local function refusal_of(e, inc, seen)
   return nil
 end
 
+-- A drained worker (manage.py drain_worker, admission/operator.py) grants nothing: running
+-- calls finish, waiting ones keep their places and deadlines until it is resumed. Its flag is
+-- the key beside reg, under the same hash tag (so in the same cluster slot): <tag>:drain.
+local function drained()
+  return redis.call('EXISTS', string.sub(D.reg, 1, -4) .. 'drain') == 1
+end
+
 -- The wake-up message that tells a waiting call why it was refused.
 local REFUSED_KIND = {
   UNAUTHENTICATED = 'revoked', WORKER_OFFLINE = 'offline', WORKER_MISMATCH = 'mismatch',
@@ -273,6 +280,9 @@ local function grant(entries, now, slots, ke, wake_prefix, skip_id)
     else
       kept[#kept + 1] = e
     end
+  end
+  if drained() then
+    return granted
   end
   for _, e in ipairs(kept) do
     if e.st == 'r' then

@@ -6,7 +6,9 @@
 --       5 message to push to the leaving entry's wake list ('' = none; DELETE uses it to
 --       tell the waiting request it was cancelled), 6 status key prefix,
 --       7 the leaving call's status code ('' = none; cancelled: REQUEST_CANCELLED),
---       8 revoked-key marker prefix ('' = unchecked; see _common.lua)
+--       8 revoked-key marker prefix ('' = unchecked; see _common.lua),
+--       9 who cancelled it ('' = its own client; 'operator': admission/operator.py), kept in a
+--         cancelled call's status so its completion row says so
 -- Returns: {'gone'} | {'left'} |
 --          {'running', ticket, slot, incarnation, admitted_ms, exec_deadline_ms, dispatched,
 --           out_of_order}
@@ -27,7 +29,7 @@ if ARGV[5] ~= '' then
   push_wake(ARGV[4], ARGV[2], ARGV[5], WAKE_TTL_MS)
 end
 if ARGV[7] == 'REQUEST_CANCELLED' then
-  set_status(x, 'cancelled', nil, now)
+  set_status(x, 'cancelled', (ARGV[9] or '') ~= '' and {by = ARGV[9]} or nil, now)
 elseif ARGV[7] ~= '' then
   fail_status(x, ARGV[7], now)
 end

@@ -1,6 +1,6 @@
 """Retry-After from the backlog (admission/backlog.py): the estimate's rules on real Redis, with
 fixed clocks. Calls enter a real queue through the enter script; the worker's pace is what
-completed calls' rows leave in its drain list."""
+completed calls' rows leave in its pace list."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from admission.backlog import (
     queue_timeout_retry_s,
 )
 from admission.completion import CompletionDraft
-from admission.queue import AsyncQueue, SyncQueue, drain_sample, worker_keys
+from admission.queue import AsyncQueue, SyncQueue, pace_sample, worker_keys
 
 W = "w1"
 T0 = 1_000_000
@@ -35,7 +35,7 @@ def register(sync_redis: redis.Redis, prefix: str, slots: int) -> SyncQueue:
 def measured(sync_redis: redis.Redis, prefix: str, *samples: tuple[str, int]) -> None:
     pipe = sync_redis.pipeline(transaction=False)
     for operation, ms in samples:
-        drain_sample(pipe, prefix=prefix, worker_id=W, operation=operation, exec_ms=ms)
+        pace_sample(pipe, prefix=prefix, worker_id=W, operation=operation, exec_ms=ms)
     pipe.execute()
 
 
@@ -236,7 +236,7 @@ def test_the_read_changes_nothing(sync_redis: redis.Redis, redis_prefix: str) ->
 
     async def scenario(q: AsyncQueue) -> dict[str, Any]:
         await fill(q, [("ws", COMMAND)] * 3, queue_budget_ms=1_000)
-        before = {key: sync_redis.dump(key) for key in (k.reg, k.queue, k.entries, k.drain)}
+        before = {key: sync_redis.dump(key) for key in (k.reg, k.queue, k.entries, k.pace)}
         # Long past every waiting call's deadline: a grant script would prune them, this not.
         await timeout_retry(q, None, T0 + 60_000)
         await queue_full_retry_s(q, worker_id=W, slot_ceiling=8, now_ms=T0 + 60_000)
@@ -273,10 +273,10 @@ def test_a_call_that_ran_to_its_answer_adds_to_its_worker_pace(
     pipe = sync_redis.pipeline(transaction=False)
     pace_record(pipe, _row(**facts), prefix=redis_prefix)
     pipe.execute()
-    drain = worker_keys(redis_prefix, W).drain
-    assert sync_redis.lrange(drain, 0, -1) == ([f"{COMMAND} 1234"] if counted else [])
+    pace = worker_keys(redis_prefix, W).pace
+    assert sync_redis.lrange(pace, 0, -1) == ([f"{COMMAND} 1234"] if counted else [])
     if counted:
-        assert 0 < sync_redis.pttl(drain) <= 3600 * 1000
+        assert 0 < sync_redis.pttl(pace) <= 3600 * 1000
 
 
 # --- the replay itself --------------------------------------------------------------------

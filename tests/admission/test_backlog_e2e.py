@@ -17,7 +17,7 @@ SECOND = "sleep 1"
 def _paced(worker_id: str) -> int:
     client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
     try:
-        return int(client.llen(worker_keys(settings.REDIS_KEY_PREFIX, worker_id).drain))
+        return int(client.llen(worker_keys(settings.REDIS_KEY_PREFIX, worker_id).pace))
     finally:
         client.close()
 
@@ -29,7 +29,7 @@ def test_a_timeout_behind_a_backlog_is_told_the_backlog_in_header_and_body(
     worker_factory(owner, {"a": git_workspace(tmp_path / "a")}, slots=2)
     caller = _caller(api, owner)
     try:
-        # The worker's pace: one 1 s command, whose row puts it in the drain list.
+        # The worker's pace: one 1 s command, whose row puts it in the pace list.
         assert caller.send(command("a", SECOND)).status_code == 200
         wait_until(lambda: _paced(owner.worker_id) >= 1)
         backlog = [caller.submit(command("a", SECOND)) for _ in range(8)]

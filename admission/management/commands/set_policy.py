@@ -14,7 +14,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from admission.models import PolicyOverride
+from admission.models import OperatorAction, PolicyOverride
+from admission.operator import Actor, action_record
 from admission.policy import (
     OVERRIDE_KEYS,
     POLICY_FIELDS,
@@ -25,6 +26,12 @@ from admission.policy import (
     policy_override_update,
     policy_update,
 )
+
+
+def audit(target: str, result: str) -> None:
+    action_record(
+        actor=Actor.shell(), action=OperatorAction.POLICY, target=target, result=result[:256]
+    )
 
 
 def shown(value: Any) -> str:
@@ -105,6 +112,8 @@ class Command(BaseCommand):
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
             who = f"tenant {tenant}" if tenant is not None else f"worker {worker}"
+            if removed:
+                audit(f"override of {who}", "removed")
             self.stdout.write(
                 f"removed the override of {who}" if removed else f"{who} had no override"
             )
@@ -132,6 +141,14 @@ class Command(BaseCommand):
                 row = policy_override_update(tenant=tenant, worker=worker, assignments=changes)
         except ValueError as exc:
             raise CommandError(" ".join(str(exc).split())) from None
+        who = "global policy"
+        if tenant is not None or worker is not None:
+            who = (
+                f"override of tenant {tenant}"
+                if tenant is not None
+                else f"override of worker {worker}"
+            )
+        audit(who, " ".join(f"{k}={v}" for k, v in changes.items()))
         prefix = ""
         if isinstance(row, PolicyOverride):
             prefix = f"tenant {tenant}: " if tenant is not None else f"worker {worker}: "

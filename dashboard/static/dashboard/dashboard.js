@@ -14,7 +14,10 @@
     return now.toISOString().slice(11, 19) + " UTC";
   }
 
+  var timer = null;
+
   function refresh() {
+    window.clearTimeout(timer);
     fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" }, cache: "no-store" })
       .then(function (response) {
         // A redirect means the session ended: stop rather than paint the login page into a card.
@@ -33,11 +36,42 @@
         status.classList.add("stale");
       })
       .finally(function () {
-        if (failures < 30) { window.setTimeout(refresh, every); }
+        if (failures < 30) { timer = window.setTimeout(refresh, every); }
       });
   }
 
-  window.setTimeout(refresh, every);
+  // A staff action (cancel a waiting call, drain or resume a worker) posts its form with the
+  // page's CSRF token, says what happened, and repaints the cards at once instead of a reload.
+  var said = document.getElementById("action-status");
+  box.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form.classList || !form.classList.contains("act")) { return; }
+    event.preventDefault();
+    var button = form.querySelector("button");
+    if (button) { button.disabled = true; }
+    fetch(form.action, {
+      method: "POST",
+      body: new FormData(form),
+      credentials: "same-origin",
+      headers: { "Accept": "application/json" },
+      cache: "no-store"
+    })
+      .then(function (response) {
+        if (response.redirected) { throw new Error("signed out"); }
+        return response.json().catch(function () { return { ok: false, message: "HTTP " + response.status }; });
+      })
+      .then(function (answer) {
+        said.textContent = answer.message;
+        said.classList.toggle("failed", !answer.ok);
+      })
+      .catch(function (error) {
+        said.textContent = "The action was not sent (" + error.message + "): reload the page.";
+        said.classList.add("failed");
+      })
+      .finally(refresh);
+  });
+
+  timer = window.setTimeout(refresh, every);
 })();
 
 // Refreshes the history half the same way, less often: its charts are queries over the log.
@@ -50,7 +84,10 @@
   var every = parseInt(box.getAttribute("data-refresh-ms"), 10) || 30000;
   var failures = 0;
 
+  var timer = null;
+
   function refresh() {
+    window.clearTimeout(timer);
     fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" }, cache: "no-store" })
       .then(function (response) {
         if (response.redirected || !response.ok) { throw new Error("HTTP " + response.status); }
