@@ -28,6 +28,7 @@ from sluice_protocol import isolation_key
 
 from admission.deadlines import QUEUE_TIMEOUT_RETRY_AFTER_S
 from admission.queue import SHARED_OPERATIONS, AsyncQueue, QueueView, pace_sample
+from workspaces import outages
 
 log = logging.getLogger("sluice.admission")
 
@@ -162,9 +163,9 @@ async def _view(
 ) -> QueueView | None:
     try:
         return await queue.backlog(worker_id=worker_id, slot_ceiling=slot_ceiling, now_ms=now_ms)
-    except (RedisError, ValueError, TypeError, KeyError):
+    except (RedisError, ValueError, TypeError, KeyError) as exc:
         # The refusal stands without its estimate: a Redis gone now is the next call's problem.
-        log.warning("could not read the backlog for Retry-After", exc_info=True)
+        outages.warn(log, "could not read the backlog for Retry-After", exc)
         return None
 
 

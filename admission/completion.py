@@ -36,6 +36,7 @@ from admission.dbthread import in_db_thread
 from admission.models import CompletionLog
 from admission.queue import row_cleanup
 from admission.refusals import Refusal
+from workspaces import outages
 
 log = logging.getLogger("sluice.completion")
 
@@ -356,14 +357,6 @@ class _Counts:
 _unrecorded = _Counts()
 
 
-def expected_outage(exc: BaseException) -> bool:
-    """A Redis that is down or overloaded: expected under overload, worth one line, no traceback."""
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
-    return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError)
-
-
 # Rows emitted and not sent yet gather for ROW_GATHER_S, then go in one round trip: in a burst
 # the pipeline and the connection's turn are paid once per batch, not once per row.
 ROW_GATHER_S = 0.005
@@ -459,7 +452,7 @@ async def completion_emit_many(drafts: list[CompletionDraft], client: Any) -> No
         _unrecorded.give_back(counts.fields)
         log.warning(
             "completion stream unavailable; writing the rows to Postgres directly",
-            exc_info=not expected_outage(exc),
+            exc_info=not outages.expected_outage(exc),
             extra={"error": str(exc), "rows": len(rows)},
         )
         await in_db_thread(completion_write, rows=rows)
@@ -603,9 +596,9 @@ class CompletionDrainer(threading.Thread):
                     grouped = True
                 self.drain_once()
                 delay = 0.5
-            except (DatabaseError, Exception):
+            except (DatabaseError, Exception) as exc:
                 # Postgres or Redis is away: the rows stay in the stream, unacknowledged.
-                log.warning("completion drainer waiting for Postgres/Redis", exc_info=True)
+                outages.warn(log, "completion drainer waiting for Postgres/Redis", exc)
                 # Redis may have come back empty: make the group again before reading.
                 grouped = False
                 self._recheck_at = 0.0

@@ -65,6 +65,7 @@ from admission.services import (
     call_execute,
     withdrawn_message,
 )
+from workspaces import outages
 from workspaces.models import Worker
 from workspaces.signing import signing_key, unsigned, verify
 
@@ -400,8 +401,8 @@ async def _watch(call: Call, queue: AsyncQueue, limiter: RateLimiter, status_of:
             entry_id=call.entry_id,
             status_of=status_of,
         )
-    except RedisError:
-        log.warning("durable call ended; its row is left to the drainer's sweep", exc_info=True)
+    except RedisError as exc:
+        outages.warn(log, "durable call ended; its row is left to the drainer's sweep", exc)
 
 
 class DurableSweeper:
@@ -518,8 +519,8 @@ class SweeperThread(threading.Thread):
             while not self.stopping.is_set():
                 try:
                     await sweeper.sweep_once()
-                except Exception:
-                    log.warning("durable sweep failed; the next one tries again", exc_info=True)
+                except Exception as exc:
+                    outages.warn(log, "durable sweep failed; the next one tries again", exc)
                 await asyncio.sleep(self.period_s)
         finally:
             await client.aclose()

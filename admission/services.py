@@ -29,7 +29,7 @@ from sluice_protocol import (
 
 from admission import backlog, deadlines, refusals, shutdown
 from admission.callers import caller_key_valid, forget_cached_callers
-from admission.completion import CompletionDraft, expected_outage
+from admission.completion import CompletionDraft
 from admission.connections import async_broker
 from admission.dbthread import in_db_thread
 from admission.deadlines import SYSTEM_CLOCK, Clock
@@ -38,6 +38,7 @@ from admission.policy import Policy, apolicy_for
 from admission.queue import OPERATOR, AsyncQueue, Entered, Grant, offer_tokens
 from admission.ratelimit import RateDecision, RateLimiter
 from admission.selectors import Target
+from workspaces import outages
 from workspaces.access import Caller
 from workspaces.dispatch import assignment_message
 from workspaces.features import effective_edit_features, offer_gap, request_needs
@@ -510,11 +511,7 @@ def _redis_lost(call: Call, exc: RedisError) -> refusals.Refusal:
     """The answer when Redis failed under the call: not started before its enqueue was sent,
     ambiguous from then on (the enqueue may have happened, and a grant dispatches)."""
     # A Redis that is down or too busy to connect to is expected under overload: one line.
-    log.warning(
-        "admission Redis unavailable",
-        exc_info=not expected_outage(exc),
-        extra={"error": str(exc)},
-    )
+    outages.warn(log, "admission Redis unavailable", exc)
     if call.draft.slot_index is None and not (call.dispatched or call.maybe_queued):
         return refusals.admission_unavailable()
     call.dispatched = True

@@ -287,7 +287,14 @@ class CallsInFlight:
         refusal = refusals.queue_full(
             draft.worker_id, policy.worker_queue_limit, holds_until=self.now() + BEYOND_HOLD_S
         )
-        holding = Holding(refusal, draft.tenant_hash, draft.principal_hash, draft.worker_id, policy)
+        holding = Holding(
+            refusal,
+            draft.tenant_hash,
+            draft.principal_hash,
+            draft.worker_id,
+            policy,
+            flow_hash=draft.flow_hash,
+        )
         if key[:2] not in self.limits and len(self.limits) >= MEMO_MAX:
             del self.limits[next(iter(self.limits))]  # the oldest
         self.limits[key[:2]] = Remembered(holding)
@@ -483,6 +490,7 @@ def replayed(remembered: Remembered, read: ReadCall) -> None:
     draft.describe(
         tenant_hash=holding.tenant_hash,
         principal_hash=holding.principal_hash,
+        flow_hash=holding.flow_hash,
         worker_id=holding.worker_id,
         isolation_key_hash=isolation_key_hash(holding.worker_id, read.parsed.body),
         deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms),

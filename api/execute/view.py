@@ -65,6 +65,7 @@ class Holding:
     principal_hash: str
     worker_id: str
     policy: Policy
+    flow_hash: str = ""
 
     @property
     def until(self) -> float:
@@ -213,6 +214,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
                 principal_hash=self.draft.principal_hash,
                 worker_id=self.draft.worker_id,
                 policy=self.call.policy,
+                flow_hash=self.draft.flow_hash,
             )
         return response
 

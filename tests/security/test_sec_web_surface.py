@@ -105,6 +105,7 @@ def test_admin_state_changes_need_the_csrf_token(api: Any) -> None:
         "queue_ceiling_ms": row.queue_ceiling_ms,
         "worker_queue_limit": edited,
         "max_lease_slots": row.max_lease_slots,
+        "flow_share_percent": row.flow_share_percent,
         "rate_limit": row.rate_limit,
         "rate_limit_enabled": "on",
         # One box per operation (the admin's weights widget).
