@@ -85,6 +85,9 @@ class CompletionDraft:
     # (worker id, entry id) when a synchronous call's draft was saved in Redis as it entered
     # its queue (admission/durable.py sweeps it if this process dies): the row's write ends it.
     saved_as: tuple[str, str] | None = None
+    # The worker was found in the caller's tenant: /metrics may label the call with it even
+    # when it was refused before its queue (a rate limit). Not a column.
+    worker_confirmed: bool = False
 
     # The facts a call reports as it goes. These methods are the only writers of a draft's
     # fields: what the row says of admission and outcome follows from the facts here alone.
@@ -96,6 +99,10 @@ class CompletionDraft:
             raise TypeError(f"not a described field: {sorted(unknown)}")
         for name, value in given.items():
             setattr(self, name, value)
+
+    def worker_found(self) -> None:
+        """Its worker is the caller tenant's own (not merely the id the request claimed)."""
+        self.worker_confirmed = True
 
     def entered(self, ticket: int) -> None:
         """In its worker's queue, with this fencing ticket."""
@@ -182,7 +189,7 @@ class CompletionDraft:
 _ROW_FIELDS = tuple(
     f.name
     for f in dataclasses.fields(CompletionDraft)
-    if f.name not in ("started_monotonic", "saved_as")
+    if f.name not in ("started_monotonic", "saved_as", "worker_confirmed")
 )
 
 # What `describe` may set: everything the request, its caller and its budgets say.
@@ -289,8 +296,12 @@ def metrics_key() -> str:
     return f"{settings.REDIS_KEY_PREFIX}metrics:calls"
 
 
-def metrics_worker_label(data: dict[str, Any]) -> str:
-    confirmed = data["admission_outcome"] in _CONFIRMED_OUTCOMES or data["code"] in _CONFIRMED_CODES
+def metrics_worker_label(data: dict[str, Any], *, worker_confirmed: bool = False) -> str:
+    confirmed = (
+        worker_confirmed
+        or data["admission_outcome"] in _CONFIRMED_OUTCOMES
+        or data["code"] in _CONFIRMED_CODES
+    )
     return str(data["worker_id"]) if confirmed and data["tenant_hash"] else ""
 
 
@@ -310,10 +321,10 @@ def metric_bucket(value_ms: int) -> int:
     )
 
 
-def metrics_record(pipe: Any, data: dict[str, Any]) -> None:
+def metrics_record(pipe: Any, data: dict[str, Any], *, worker_confirmed: bool = False) -> None:
     """Queue the counter and histogram updates for one finished call on `pipe` (no round trip)."""
     key = metrics_key()
-    worker = metrics_worker_label(data)
+    worker = metrics_worker_label(data, worker_confirmed=worker_confirmed)
     pipe.hincrby(key, f"c|{worker}|{data['code'] or 'OK'}", 1)
     if data["slot_index"] is not None:
         pipe.hincrby(key, f"a|{worker}", 1)
@@ -424,12 +435,12 @@ async def completion_emit_many(drafts: list[CompletionDraft], client: Any) -> No
     # three to five per row (a burst's refusals share theirs).
     counts = _Counts()
     counts.give_back(_unrecorded.take())
-    for data in rows:
+    for draft, data in zip(drafts, rows, strict=True):
         log.info(
             "Workspace tool request completed",
             extra={k: v for k, v in data.items() if k != "started"},
         )
-        metrics_record(counts, data)
+        metrics_record(counts, data, worker_confirmed=draft.worker_confirmed)
     try:
         # Not a transaction: if the metrics part failed after the XADDs, the fallback below
         # writes the rows once more, and their unique uids keep that from making second rows.

@@ -294,6 +294,7 @@ class CallsInFlight:
             draft.worker_id,
             policy,
             flow_hash=draft.flow_hash,
+            worker_confirmed=draft.worker_confirmed,
         )
         if key[:2] not in self.limits and len(self.limits) >= MEMO_MAX:
             del self.limits[next(iter(self.limits))]  # the oldest
@@ -495,5 +496,7 @@ def replayed(remembered: Remembered, read: ReadCall) -> None:
         isolation_key_hash=isolation_key_hash(holding.worker_id, read.parsed.body),
         deadline_budget_ms=deadlines.deadline_budget_ms(queue_ms=queue_ms, exec_ms=exec_ms),
     )
+    if holding.worker_confirmed:
+        draft.worker_found()
     draft.answered(remembered.answer.status, holding.refusal)
     emit_row(draft)

@@ -66,6 +66,7 @@ class Holding:
     worker_id: str
     policy: Policy
     flow_hash: str = ""
+    worker_confirmed: bool = False
 
     @property
     def until(self) -> float:
@@ -169,6 +170,8 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
         if self.resolved.worker_id is None:
             raise refusals.no_worker_selected()
         self.draft.describe(worker_id=self.resolved.worker_id)
+        if self.resolved.target is not None:
+            self.draft.worker_found()
         self.call = Call(
             caller=caller,
             request=self.parsed.body,
@@ -215,6 +218,7 @@ class WorkspaceToolsExecuteApi(AsyncApiView):
                 worker_id=self.draft.worker_id,
                 policy=self.call.policy,
                 flow_hash=self.draft.flow_hash,
+                worker_confirmed=self.draft.worker_confirmed,
             )
         return response
 

@@ -178,3 +178,23 @@ def test_a_gathered_row_is_written_by_itself_when_its_window_ends(monkeypatch: A
 
     asyncio.run(run())
     assert rows_of(draft.uid) == 1
+
+
+def test_a_rate_limited_call_is_labelled_with_its_worker_only_once_the_worker_was_found() -> None:
+    """A rate limit refuses before the queue: the worker id is the caller's claim unless the
+    lookup found it in the caller's tenant, and only then may it become a /metrics label."""
+    claimed, found = refused_draft("RATE_LIMITED"), refused_draft("RATE_LIMITED")
+    found.worker_found()
+    assert "worker_confirmed" not in found.row()  # not a column
+    assert completion.metrics_worker_label(claimed.row()) == ""
+    label = completion.metrics_worker_label(found.row(), worker_confirmed=found.worker_confirmed)
+    assert label == "w-emit"
+
+    async def run() -> None:
+        completion.emit_row(claimed)
+        completion.emit_row(found)
+        await completion.emitted_rows_flush()
+
+    asyncio.run(run())
+    assert counters()["r|w-emit|rate_limited"] == 1
+    assert counters()["r||rate_limited"] == 1
