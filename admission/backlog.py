@@ -1,14 +1,15 @@
 """Retry-After from the backlog: when a call refused for a busy queue is likely to find a place.
 
-A `WORKSPACE_QUEUE_TIMEOUT` is told when its call would have been granted had it kept its place;
+A `WORKSPACE_QUEUE_TIMEOUT` is told when the same call, sent again now, is likely to be granted;
 a `WORKER_QUEUE_FULL` when the first call in the queue is likely to finish (a place frees then).
 Both come from one read of the queue (`AsyncQueue.backlog`) and the worker's pace: the mean
 execution time of its recent calls of each operation (of all of them, for an operation it has
 not run lately), which every completed call adds to as its row is written. The estimate replays
-the queue's rules on those durations: at most `slots` calls at once, one per isolation key,
-and no call before an older waiting call on a key it conflicts with (reads share a key). It takes
-the calls ahead in arrival order, not the fair order across flows the grant uses, and knows nothing
-of calls that arrive later, nor of a call that runs past the usual, so it is a likely time, not a promise.
+the queue's rules on those durations: at most `slots` calls at once, one per isolation key
+(reads share one), the calls ahead taken in the grant's fair order across flows (a call sent
+again lands behind its own flow's calls, and takes turns with the others'). It knows nothing
+of calls that arrive later, nor of a call that runs past the usual, so it is a likely time,
+not a promise.
 
 The answer is whole seconds within 1..30 (LibreChat's first client waits at most 30 s). With
 no execution measured on the worker yet it is the quick retry of old: 2 s for a timeout, 1 s
@@ -158,6 +159,30 @@ def ahead_of(view: QueueView, ticket: int | None) -> list[Work]:
     ]
 
 
+def fair_tag(entries: Sequence[Mapping[str, Any]], flow: str) -> int:
+    """The virtual start tag a call of `flow` entering now would get (lua/_common.lua
+    fair_tag): the smallest tag still waiting (else the largest), or one past its own flow's
+    newest when that is later."""
+    waiting = [int(e.get("vt", 0)) for e in entries if e.get("st") == "w"]
+    own = [int(e.get("vt", 0)) for e in entries if str(e.get("fl", "")) == flow]
+    tag = min(waiting) if waiting else max((int(e.get("vt", 0)) for e in entries), default=0)
+    return max(tag, max(own) + 1) if own else tag
+
+
+def ahead_when_sent_again(view: QueueView, flow: str, *, itself: int | None) -> list[Work]:
+    """The calls a call of `flow` sent again now would find ahead of it: every running one, and
+    the waiting ones the grant's fair order (tag, then ticket) puts before its tag, in that
+    order. `itself`: the refused call's own ticket, while its entry is still listed."""
+    tag = fair_tag(view.entries, flow)
+    others = [e for e in view.entries if itself is None or int(e.get("seq", 0)) != itself]
+    running = [e for e in others if e.get("st") == "r"]
+    waiting = sorted(
+        (e for e in others if e.get("st") == "w" and int(e.get("vt", 0)) <= tag),
+        key=lambda e: (int(e.get("vt", 0)), int(e.get("seq", 0))),
+    )
+    return [_work(e, view.now_ms) for e in running + waiting]
+
+
 async def _view(
     queue: AsyncQueue, *, worker_id: str, slot_ceiling: int, now_ms: int | None
 ) -> QueueView | None:
@@ -176,17 +201,21 @@ async def queue_timeout_retry_s(
     request: Mapping[str, Any],
     ticket: int | None,
     slot_ceiling: int,
+    flow: str = "",
     now_ms: int | None = None,
 ) -> int:
-    """Retry-After for a call that timed out in its queue (`ticket`: its place there; None:
-    it never entered, so everything in the queue is ahead of it)."""
+    """Retry-After for a call that timed out in its queue: when the same call of `flow`, sent
+    again now, is likely to be granted (`ticket`: its own entry, left out if still listed)."""
     view = await _view(queue, worker_id=worker_id, slot_ceiling=slot_ceiling, now_ms=now_ms)
     if view is None:
         return QUEUE_TIMEOUT_RETRY_AFTER_S
     base, lane = isolation_key(dict(request))
     call = Work(operation=str(request["operation"]), base=base, lane=lane)
     place = place_in_ms(
-        ahead_of(view, ticket), slots=view.slots, means=mean_exec_ms(view.samples), call=call
+        ahead_when_sent_again(view, flow, itself=ticket),
+        slots=view.slots,
+        means=mean_exec_ms(view.samples),
+        call=call,
     )
     return retry_after_s(place, unknown_s=QUEUE_TIMEOUT_RETRY_AFTER_S)
 

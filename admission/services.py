@@ -245,6 +245,7 @@ async def _timeout_retry_s(call: Call, queue: AsyncQueue, policy: Policy, clock:
         request=call.request,
         ticket=call.draft.fencing_ticket,
         slot_ceiling=policy.max_lease_slots,
+        flow=call_flow(call),
         now_ms=clock.scripts_ms(),
     )
 

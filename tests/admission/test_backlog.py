@@ -78,6 +78,7 @@ def timeout_retry(q: AsyncQueue, ticket: int | None, now: int, **kw: Any) -> Any
         request=kw.pop("request", request()),
         ticket=ticket,
         slot_ceiling=8,
+        flow=kw.pop("flow", ""),
         now_ms=now,
     )
 
@@ -101,19 +102,38 @@ def test_without_measured_work_a_refusal_is_a_quick_retry(
     assert run(scenario, redis_prefix) == (2, 1)
 
 
+@pytest.mark.parametrize(("calls", "told_s"), [(3, 2), (5, 4), (8, 7)])
 def test_a_longer_backlog_is_told_a_proportionally_longer_wait(
-    sync_redis: redis.Redis, redis_prefix: str
+    sync_redis: redis.Redis, redis_prefix: str, calls: int, told_s: int
 ) -> None:
+    """The last of `calls` 1 s commands on one key times out: sent again, it is behind every
+    other call of its flow on its key (one runs at a time, the running one half done)."""
     register(sync_redis, redis_prefix, slots=2)
     measured(sync_redis, redis_prefix, *[(COMMAND, 1_000)] * 5, ("read_file", 5))
 
-    async def scenario(q: AsyncQueue) -> list[int]:
-        entered = await fill(q, [("ws", COMMAND)] * 8)
-        # The 3rd, the 5th and the 8th call, had they timed out: each call ahead on their key
-        # is a second (one runs at a time, whatever the free slot), the running one half done.
-        return [await timeout_retry(q, entered[n].ticket, T0 + 500) for n in (2, 4, 7)]
+    async def scenario(q: AsyncQueue) -> int:
+        entered = await fill(q, [("ws", COMMAND)] * calls)
+        return int(await timeout_retry(q, entered[-1].ticket, T0 + 500))
 
-    assert run(scenario, redis_prefix) == [2, 4, 7]
+    assert run(scenario, redis_prefix) == told_s
+
+
+def test_another_flow_sent_again_is_told_its_turn_not_the_whole_backlog(
+    sync_redis: redis.Redis, redis_prefix: str
+) -> None:
+    """The grant takes flows in turn: another principal's call behind eight 1 s commands of
+    one flow waits for the running one (half done) and the first waiting one (never passed by a
+    later arrival), not for all eight."""
+    register(sync_redis, redis_prefix, slots=2)
+    measured(sync_redis, redis_prefix, *[(COMMAND, 1_000)] * 5)
+
+    async def scenario(q: AsyncQueue) -> tuple[int, int]:
+        await fill(q, [("ws", COMMAND)] * 8)
+        other = await timeout_retry(q, None, T0 + 500, flow="another-principal")
+        same = await timeout_retry(q, None, T0 + 500)
+        return int(other), int(same)
+
+    assert run(scenario, redis_prefix) == (2, 8)
 
 
 def test_the_scenario_of_the_issue_seven_seconds_ahead_are_told_seven(
