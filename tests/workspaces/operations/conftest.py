@@ -7,13 +7,17 @@ so each test only names the fields it is about.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from livesupport import git_workspace
 
 from workspaces.operations import OperationError, prepared, run_operation
+from workspaces.sandbox import Sandbox, worker_sandbox
 
 DEFAULTS: dict[str, dict[str, object]] = {
     "read_file": {"startLine": 1, "maxLines": 200},
@@ -34,6 +38,29 @@ def _no_prepared_sandbox_left() -> Iterator[None]:
     """A test's sandboxes prepared for commands it did not run end with it."""
     yield
     prepared.discard_all()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A directory for a sandboxed test's repository and worker code. Not under /tmp: the
+    sandbox's private /tmp would hide it whatever else it did."""
+    where = "/var/tmp" if os.path.isdir("/var/tmp") else None
+    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="sluice-sandboxed-", dir=where)))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def repo(scratch: Path) -> Path:
+    """A git repository with two linked worktree lanes, `one` and `two`."""
+    return Path(os.path.realpath(git_workspace(scratch / "repo", lanes=("one", "two"))))
+
+
+@pytest.fixture
+def sandbox(scratch: Path, repo: Path) -> Sandbox:
+    """The worker's sandbox over `repo`, its code under `scratch`."""
+    (scratch / "code" / "var").mkdir(parents=True)
+    return worker_sandbox(base_dir=str(scratch / "code"), workspace_roots=[str(repo)])
 
 
 def make_request(operation: str, **fields: object) -> dict[str, object]:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +24,9 @@ from sandboxkit import Run, command_runner
 from scripts.devdemo import demo_lane
 from workspaces.hostgit import run_git
 from workspaces.operations import prepared
-from workspaces.sandbox import Sandbox, worker_sandbox
+from workspaces.sandbox import Sandbox
 
 COMMIT = "git -c user.email=t@example.com -c user.name=t commit -q"
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    # Not under /tmp: the sandbox's private /tmp would hide it whatever else it did.
-    where = "/var/tmp" if os.path.isdir("/var/tmp") else None
-    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="sluice-sandbox-git-", dir=where)))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def repo(scratch: Path) -> Path:
-    return Path(os.path.realpath(git_workspace(scratch / "repo", lanes=("one", "two"))))
-
-
-@pytest.fixture
-def sandbox(scratch: Path, repo: Path) -> Sandbox:
-    (scratch / "code" / "var").mkdir(parents=True)
-    return worker_sandbox(base_dir=str(scratch / "code"), workspace_roots=[str(repo)])
 
 
 @pytest.fixture

@@ -15,44 +15,22 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from livesupport import git, git_workspace, wait_until
+from livesupport import git, wait_until
 from sandboxkit import Run, command_runner
 
 from workspaces.operations import prepared
 from workspaces.operations.command import OWNER_ENV
 from workspaces.operations.prepared import PREPARED_ENV, SandboxKey
 from workspaces.runtime.orphans import orphaned_pids
-from workspaces.sandbox import Limits, Sandbox, worker_sandbox
+from workspaces.sandbox import Limits, Sandbox
 
 ROOT = Path(__file__).resolve().parents[3]
 # How many variables the sandbox's PID 1 has: bwrap's own environment.
 PID1_ENV = "tr '\\0' '\\n' </proc/1/environ | wc -l"
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    # Not under /tmp: the sandbox's private /tmp would hide it.
-    where = "/var/tmp" if os.path.isdir("/var/tmp") else None
-    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="sluice-prepared-", dir=where)))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def repo(scratch: Path) -> Path:
-    return Path(os.path.realpath(git_workspace(scratch / "repo", lanes=("one", "two"))))
-
-
-@pytest.fixture
-def sandbox(scratch: Path, repo: Path) -> Sandbox:
-    (scratch / "code" / "var").mkdir(parents=True)
-    return worker_sandbox(base_dir=str(scratch / "code"), workspace_roots=[str(repo)])
 
 
 @pytest.fixture
