@@ -134,9 +134,12 @@ def per_key_order(
     per_key: dict[str, list[Run]],
     tickets: dict[str, tuple[int, int]],
     kills: dict[str, list[float]] | None = None,
+    flows: dict[str, str] | None = None,
 ) -> Result:
-    """No two conflicting commands overlapped; within one incarnation they started in ticket
-    order. `tickets` maps a request id to (generation, ticket); generation -1 = unknown.
+    """No two conflicting commands overlapped; within one incarnation and one flow (`flows`:
+    request id -> its row's flow; the grant takes flows in turn, so only a flow's own calls
+    keep their arrival order) they started in ticket order. `tickets` maps a request id to
+    (generation, ticket); generation -1 = unknown.
 
     `kills` (worker id -> epoch seconds of its SIGKILLs): a command running when its worker
     was killed is killed in turn when the worker starts again, before it registers
@@ -170,13 +173,13 @@ def per_key_order(
                         f"[{y.start_ns / 1e9:.3f}, {(y.end_ns or 0) / 1e9:.3f}]"
                     )
             ordered = [
-                (tickets[r.request_id], r.start_ns)
+                (tickets[r.request_id], (flows or {}).get(r.request_id, ""), r.start_ns)
                 for r in runs
                 if tickets.get(r.request_id, (-1, 0))[0] >= 0
             ]
-            by_generation: dict[int, list[tuple[int, int]]] = defaultdict(list)
-            for (generation, ticket), start in ordered:
-                by_generation[generation].append((ticket, start))
+            by_generation: dict[tuple[int, str], list[tuple[int, int]]] = defaultdict(list)
+            for (generation, ticket), flow, start in ordered:
+                by_generation[generation, flow].append((ticket, start))
             for group in by_generation.values():
                 group.sort()
                 compared += max(len(group) - 1, 0)

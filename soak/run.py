@@ -131,21 +131,21 @@ async def drive(
     await asyncio.gather(*tasks)
 
 
-def completion_rows(request_ids: list[str]) -> dict[str, list[tuple[int | None, float]]]:
-    """request id -> [(fencing ticket, created_at as epoch s)] for every row of that id."""
+def completion_rows(request_ids: list[str]) -> dict[str, list[tuple[int | None, float, str]]]:
+    """request id -> [(fencing ticket, created_at as epoch s, flow)] for every row of that id."""
     from admission.models import CompletionLog
 
-    rows: dict[str, list[tuple[int | None, float]]] = {}
+    rows: dict[str, list[tuple[int | None, float, str]]] = {}
     for i in range(0, len(request_ids), 2000):
         batch = request_ids[i : i + 2000]
-        for rid, ticket, created in CompletionLog.objects.filter(request_id__in=batch).values_list(
-            "request_id", "fencing_ticket", "created_at"
-        ):
-            rows.setdefault(rid, []).append((ticket, created.timestamp()))
+        for rid, ticket, created, flow in CompletionLog.objects.filter(
+            request_id__in=batch
+        ).values_list("request_id", "fencing_ticket", "created_at", "flow_hash"):
+            rows.setdefault(rid, []).append((ticket, created.timestamp(), flow))
     return rows
 
 
-def wait_for_rows(request_ids: list[str]) -> dict[str, list[tuple[int | None, float]]]:
+def wait_for_rows(request_ids: list[str]) -> dict[str, list[tuple[int | None, float, str]]]:
     deadline = time.monotonic() + DRAIN_S
     while True:
         rows = completion_rows(request_ids)
@@ -302,12 +302,14 @@ def main() -> int:
         rows = wait_for_rows([r.request_id for r in records])
         counts = {rid: len(v) for rid, v in rows.items()}
         tickets: dict[str, tuple[int, int]] = {}
+        flows: dict[str, str] = {}
         for record in records:
             found = rows.get(record.request_id)
-            ticket, created = found[0] if found and len(found) == 1 else (None, 0.0)
+            ticket, created, flow = found[0] if found and len(found) == 1 else (None, 0.0, "")
             if ticket is not None:
                 gen = generation(created, restarts.get(record.worker_id, []))
                 tickets[record.request_id] = (gen, ticket)
+                flows[record.request_id] = flow
         per_key, starts = checks.read_logs(log_dir)
         client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL, decode_responses=True)
         time.sleep(1.0)
@@ -320,7 +322,7 @@ def main() -> int:
             checks.typed_answers(records),
             checks.completion_rows(records, counts),
             checks.ran_once(records, starts),
-            checks.per_key_order(per_key, tickets, KILLS),
+            checks.per_key_order(per_key, tickets, KILLS, flows),
             ttl_result,
             checks.queues_empty(snapshots),
             memory_result,
