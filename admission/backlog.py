@@ -151,12 +151,10 @@ def _work(entry: Mapping[str, Any], now_ms: int) -> Work:
     )
 
 
-def ahead_of(view: QueueView, ticket: int | None) -> list[Work]:
-    """The calls in the view that arrived before `ticket` (all of them when None), in order."""
+def in_queue(view: QueueView) -> list[Work]:
+    """Every call in the view, in arrival order."""
     entries = sorted(view.entries, key=lambda e: int(e.get("seq", 0)))
-    return [
-        _work(e, view.now_ms) for e in entries if ticket is None or int(e.get("seq", 0)) < ticket
-    ]
+    return [_work(e, view.now_ms) for e in entries]
 
 
 def fair_tag(entries: Sequence[Mapping[str, Any]], flow: str) -> int:
@@ -229,6 +227,6 @@ async def queue_full_retry_s(
     if view is None:
         return QUEUE_FULL_RETRY_S
     place = place_in_ms(
-        ahead_of(view, None), slots=view.slots, means=mean_exec_ms(view.samples), call=None
+        in_queue(view), slots=view.slots, means=mean_exec_ms(view.samples), call=None
     )
     return retry_after_s(place, unknown_s=QUEUE_FULL_RETRY_S)

@@ -461,10 +461,11 @@ async def completion_emit_many(drafts: list[CompletionDraft], client: Any) -> No
         await pipe.execute()
     except Exception as exc:
         _unrecorded.give_back(counts.fields)
-        log.warning(
+        outages.warn(
+            log,
             "completion stream unavailable; writing the rows to Postgres directly",
-            exc_info=not outages.expected_outage(exc),
-            extra={"error": str(exc), "rows": len(rows)},
+            exc,
+            rows=len(rows),
         )
         await in_db_thread(completion_write, rows=rows)
 
