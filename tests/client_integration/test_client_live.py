@@ -306,7 +306,8 @@ def test_a_worker_killed_mid_command_gives_one_timeout_that_says_it_may_have_run
         pending = pool.submit(
             outcome, sluice.execute_command, "ws", command, timeout_ms=3000, request_id=request_id
         )
-        until(pid_file.exists)
+        # Its pid written, not only the file created: a kill between the two leaves it empty.
+        until(lambda: pid_file.exists() and pid_file.read_text().strip())
         worker.kill()
         error = pending.result(timeout=30)
         answered = time.monotonic() - sent
