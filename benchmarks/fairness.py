@@ -124,7 +124,9 @@ def four_reads(
         # The machine's CPU time (all processes: client, API, worker, Redis) per four reads,
         # and what it bounds four reads' wall time to on these cores however they overlap.
         "busy_cpu_ms_per_four": round(busy[0] / rounds * 1000, 2),
-        "cpu_floor_ratio": round(busy[0] / rounds / (os.cpu_count() or 1) / statistics.median(one), 2),
+        "cpu_floor_ratio": round(
+            busy[0] / rounds / (os.cpu_count() or 1) / statistics.median(one), 2
+        ),
         "rounds": rounds,
     }
 
@@ -183,7 +185,10 @@ def main() -> None:
         running = lambda: sum(e["st"] == "r" for e in sync.snapshot("fair-worker")[1])  # noqa: E731
         for name, body in (
             ("four_read_files", {"operation": "read_file", "workspaceId": "ws", "path": "a.txt"}),
-            ("four_searches", {"operation": "search_text", "workspaceId": "big", "query": "needle"}),
+            (
+                "four_searches",
+                {"operation": "search_text", "workspaceId": "big", "query": "needle"},
+            ),
         ):
             results[name] = four_reads(
                 api.url, a, {"protocolVersion": 1, **body}, args.reads_rounds, running

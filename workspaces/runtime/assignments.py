@@ -182,6 +182,7 @@ def _execute(
             deadline=deadline,
             offered=workspace.operations,
             confinement=confinement,
+            searches=st.searches,
         )
     except OutcomeUnknown as exc:
         return _error(exc.code, exc.message, quarantine=True)

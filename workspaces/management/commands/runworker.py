@@ -21,6 +21,7 @@ from admission.connections import sync_queue
 from config.celery import app
 from workspaces import outages
 from workspaces.operations.command import OWNER_ENV
+from workspaces.operations.searchprocs import SearchProcesses
 from workspaces.runtime import state as worker_state
 from workspaces.runtime.config import (
     WorkerConfigError,
@@ -234,6 +235,7 @@ class Command(BaseCommand):
             answer = control.register(workspaces=offered(), slots=slots)
         except RegistrationRefused as exc:
             raise CommandError(str(exc)) from None
+        searches = SearchProcesses(int(answer["slots"]))
         state = worker_state.WorkerState(
             worker_id=options["worker_id"],
             incarnation=answer["incarnationId"],
@@ -242,6 +244,7 @@ class Command(BaseCommand):
             queue=sync_queue(),
             signing_key=signing_key_for_token(options["token"]),
             sandbox=sandbox,
+            searches=searches,
         )
         try:
             # The worker's first use of its Redis: registering set its Redis user up.
@@ -252,6 +255,7 @@ class Command(BaseCommand):
                     broker.ping()
         except redis.RedisError as exc:
             control.deregister(state.incarnation)
+            searches.close()
             raise CommandError(redis_refused(exc)) from None
         worker_state.install(state)
         self.stdout.write(
@@ -281,6 +285,7 @@ class Command(BaseCommand):
             if not self.revoked and control.deregister(state.incarnation):
                 self.stdout.write(f"worker {state.worker_id} deregistered")
             worker_state.install(None)
+            searches.close()
         if self.revoked:
             raise CommandError(
                 f"worker {state.worker_id} stopped: its token is no longer accepted (revoked, "

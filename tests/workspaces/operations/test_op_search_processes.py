@@ -1,0 +1,134 @@
+"""search_text in the worker's search processes: the same answers as in the slot's thread,
+and a search that outlives its call stopped (workspaces/operations/searchprocs.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sluice_protocol import validate_request
+
+from workspaces.operations import OperationError, SearchProcesses, run_operation
+from workspaces.operations.searchprocs import GRACE_S
+
+
+@pytest.fixture
+def searches() -> Iterator[SearchProcesses]:
+    procs = SearchProcesses(2)
+    yield procs
+    procs.close()
+
+
+def _search(**fields: object) -> dict[str, object]:
+    return validate_request(
+        {"protocolVersion": 1, "operation": "search_text", "workspaceId": "w", **fields}
+    )
+
+
+def _tree(root: Path) -> None:
+    (root / "src").mkdir()
+    (root / "src/a.txt").write_text("one needle\nnone\n")
+    (root / "src/b.txt").write_text("needle needle\n")
+    (root / "bin.dat").write_bytes(b"needle\x00")
+    (root / "caf\u00e9.txt").write_text("needle \u2603\n")
+
+
+def test_a_search_in_a_process_answers_what_one_in_the_thread_does(
+    tmp_path: Path, searches: SearchProcesses
+) -> None:
+    _tree(tmp_path)
+    for request in (
+        _search(query="needle"),
+        _search(query="needle", maxResults=1),
+        _search(query="needle", path="src"),
+        _search(query="\u2603"),
+    ):
+        here = run_operation(request, root=str(tmp_path), deadline=time.monotonic() + 30)
+        there = run_operation(
+            request, root=str(tmp_path), deadline=time.monotonic() + 30, searches=searches
+        )
+        assert there == here
+        assert here["matches"]
+
+
+def test_refusals_come_back_as_the_same_typed_errors(
+    tmp_path: Path, searches: SearchProcesses
+) -> None:
+    _tree(tmp_path)
+    for request, code in (
+        (_search(query="needle", path="missing"), None),
+        (_search(query="needle"), "SEARCH_TIMEOUT"),
+    ):
+        deadline = time.monotonic() + (30 if code is None else -1)
+        with pytest.raises(OperationError) as here:
+            run_operation(request, root=str(tmp_path), deadline=deadline)
+        with pytest.raises(OperationError) as there:
+            run_operation(request, root=str(tmp_path), deadline=deadline, searches=searches)
+        assert (there.value.code, there.value.message) == (here.value.code, here.value.message)
+        assert code is None or there.value.code == code
+
+
+def test_a_search_past_its_deadline_is_stopped_and_its_process_replaced(
+    tmp_path: Path, searches: SearchProcesses
+) -> None:
+    _tree(tmp_path)
+    children = set(searches._children)
+    # Both children stopped: whichever the call takes cannot answer.
+    for child in children:
+        os.kill(child.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(OperationError) as refused:
+        searches.search(_search(query="needle"), root=str(tmp_path), deadline=started + 0.2)
+    assert refused.value.code == "SEARCH_TIMEOUT"
+    assert time.monotonic() - started >= 0.2 + GRACE_S
+    killed = children - searches._children
+    assert len(killed) == 1 and all(c.poll() is not None for c in killed)
+    for child in children & searches._children:
+        os.kill(child.pid, signal.SIGCONT)
+    # The replacement (and the other child) answer the next calls.
+    for _ in range(2):
+        answer = searches.search(
+            _search(query="needle"), root=str(tmp_path), deadline=time.monotonic() + 30
+        )
+        assert answer["matches"]
+
+
+def test_a_dead_child_is_replaced_before_it_is_given_a_call(
+    tmp_path: Path, searches: SearchProcesses
+) -> None:
+    _tree(tmp_path)
+    for child in list(searches._children):
+        child.kill()
+        child.wait()
+    for _ in range(3):
+        answer = searches.search(
+            _search(query="needle"), root=str(tmp_path), deadline=time.monotonic() + 30
+        )
+        assert answer["matches"]
+
+
+def test_closing_ends_every_child_and_later_calls_are_refused(tmp_path: Path) -> None:
+    searches = SearchProcesses(2)
+    children = list(searches._children)
+    searches.close()
+    assert all(child.poll() is not None for child in children)
+    with pytest.raises(OperationError) as refused:
+        searches.search(_search(query="x"), root=str(tmp_path), deadline=time.monotonic() + 30)
+    assert refused.value.code == "READ_UNAVAILABLE"
+
+
+def test_a_child_is_not_counted_among_what_commands_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("SLUICE_COMMAND_OF", "w1")
+    searches = SearchProcesses(1)
+    try:
+        (child,) = searches._children
+        environ = Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0")
+        assert not any(v.startswith(b"SLUICE_COMMAND_OF=") for v in environ)
+    finally:
+        searches.close()

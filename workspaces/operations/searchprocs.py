@@ -1,0 +1,168 @@
+"""search_text in processes of the worker's own, one per slot.
+
+A search is Python work over every file of a tree, and a worker's slots are threads of one
+process: under one interpreter lock, concurrent searches of a shared workspace ran one at a
+time and slower than that. Each search here runs in a child process that does nothing else,
+so searches use the cores. A search still running past its call's deadline has its process
+killed and replaced, so it stops instead of holding a slot's thread.
+
+Children speak one JSON line each way per search: ``{"request", "root", "deadline"}`` in
+(``deadline`` on ``time.monotonic()``, one clock for every process of the host), and one of
+``{"ok": result}``, ``{"error": [code, message]}``, ``{"oserror": [errno, strerror]}`` or
+``{"crash": traceback}`` out. A child ends when its stdin does (the worker stopped or died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import select
+import subprocess
+import sys
+import time
+import traceback
+from typing import IO, Any
+
+from workspaces.operations.errors import OperationError
+from workspaces.operations.search import search_text
+
+# How long past the call's deadline a child may take to answer before it is killed: a search
+# checks the deadline between files, so only one huge or stuck file keeps it longer.
+GRACE_S = 1.0
+
+
+class SearchFailed(RuntimeError):
+    """A child's search raised what run_operation does not map: the worker logs it."""
+
+
+class SearchProcesses:
+    """``count`` children, each running one search at a time."""
+
+    def __init__(self, count: int) -> None:
+        # None stands for a child ended by close(): whoever takes it is told the worker stops.
+        self._idle: queue.SimpleQueue[subprocess.Popen[bytes] | None] = queue.SimpleQueue()
+        self._children: set[subprocess.Popen[bytes]] = set()
+        self._closed = False
+        for _ in range(count):
+            self._idle.put(self._spawn())
+
+    def search(
+        self, request: dict[str, object], *, root: str, deadline: float
+    ) -> dict[str, object]:
+        """search_text's result for ``request``, or what it raises, from an idle child."""
+        child: subprocess.Popen[bytes] | None = self._idle.get()
+        if child is not None and child.poll() is not None:
+            child = self._replace(child)
+        if child is None:
+            raise OperationError("READ_UNAVAILABLE", "The worker is stopping.")
+        try:
+            answer = self._ask(child, {"request": request, "root": root, "deadline": deadline})
+        except BaseException:
+            # A child that did not answer in time (or whose pipe broke) is in an unknown state.
+            child = self._replace(child)
+            raise
+        finally:
+            self._idle.put(child)
+        if "ok" in answer:
+            result: dict[str, object] = answer["ok"]
+            return result
+        if "error" in answer:
+            raise OperationError(*answer["error"])
+        if "oserror" in answer:
+            raise OSError(*answer["oserror"])
+        raise SearchFailed(answer.get("crash", "the search process answered nothing known"))
+
+    def close(self) -> None:
+        """End every child (the worker is stopping)."""
+        self._closed = True
+        for child in list(self._children):
+            self._end(child)
+
+    def _ask(self, child: subprocess.Popen[bytes], message: dict[str, Any]) -> dict[str, Any]:
+        assert child.stdin is not None and child.stdout is not None
+        deadline = float(str(message["deadline"]))
+        try:
+            child.stdin.write(json.dumps(message).encode() + b"\n")
+            child.stdin.flush()
+        except OSError:
+            raise OperationError(
+                "READ_UNAVAILABLE", "The worker's search process ended before the call."
+            ) from None
+        line = _read_line(child.stdout, deadline + GRACE_S)
+        if line is None:
+            raise OperationError("SEARCH_TIMEOUT", "The operation ran past its deadline.")
+        if not line:
+            raise OperationError(
+                "READ_UNAVAILABLE", "The worker's search process ended during the call."
+            )
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        # Not a command: without OWNER_ENV it is not counted among what commands started.
+        env = {k: v for k, v in os.environ.items() if k != "SLUICE_COMMAND_OF"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "workspaces.operations.searchprocs"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self._children.add(child)
+        return child
+
+    def _replace(self, child: subprocess.Popen[bytes]) -> subprocess.Popen[bytes] | None:
+        self._end(child)
+        return None if self._closed else self._spawn()
+
+    def _end(self, child: subprocess.Popen[bytes]) -> None:
+        self._children.discard(child)
+        with contextlib.suppress(OSError):
+            child.kill()
+        child.wait()
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+
+
+def _read_line(pipe: IO[bytes], until: float) -> bytes | None:
+    """One line from ``pipe`` (b"" at its end), or None when ``until`` passed first."""
+    chunks: list[bytes] = []
+    fd = pipe.fileno()
+    while True:
+        wait_s = until - time.monotonic()
+        if wait_s <= 0 or not select.select([fd], [], [], wait_s)[0]:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b""
+        chunks.append(chunk)
+        if chunk.endswith(b"\n"):
+            return b"".join(chunks)
+
+
+def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    for line in stdin:
+        message = json.loads(line)
+        try:
+            answer: dict[str, object] = {
+                "ok": search_text(
+                    message["request"], root=message["root"], deadline=message["deadline"]
+                )
+            }
+        except OperationError as exc:
+            answer = {"error": [exc.code, exc.message]}
+        except OSError as exc:
+            answer = {"oserror": [exc.errno, exc.strerror]}
+        except Exception:
+            answer = {"crash": traceback.format_exc()}
+        stdout.write(json.dumps(answer).encode() + b"\n")
+        stdout.flush()
+
+
+if __name__ == "__main__":
+    _serve(sys.stdin.buffer, sys.stdout.buffer)
