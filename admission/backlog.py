@@ -2,18 +2,14 @@
 
 A `WORKSPACE_QUEUE_TIMEOUT` is told when the same call, sent again now, is likely to be granted;
 a `WORKER_QUEUE_FULL` when the first call in the queue is likely to finish (a place frees then).
-Both come from one read of the queue (`AsyncQueue.backlog`) and the worker's pace: the mean
-execution time of its recent calls of each operation (of all of them, for an operation it has
-not run lately), which every completed call adds to as its row is written. The estimate replays
-the queue's rules on those durations: at most `slots` calls at once, one per isolation key
-(reads share one), the calls ahead taken in the grant's fair order across flows (a call sent
-again lands behind its own flow's calls, and takes turns with the others'). It knows nothing
-of calls that arrive later, nor of a call that runs past the usual, so it is a likely time,
-not a promise.
+Both replay the queue's rules (at most `slots` calls at once, one per isolation key with reads
+sharing, the grant's fair order across flows) on one read of the queue (`AsyncQueue.backlog`)
+and the worker's pace: the mean execution time of its recent calls per operation, recorded as
+each completed call's row is written (`pace_record`). It cannot know of calls that arrive
+later or of a call that runs long, so it is a likely time, not a promise.
 
 The answer is whole seconds within 1..30 (LibreChat's first client waits at most 30 s). With
-no execution measured on the worker yet it is the quick retry of old: 2 s for a timeout, 1 s
-for a full queue.
+nothing measured on the worker yet it is 2 s for a timeout and 1 s for a full queue.
 """
 
 from __future__ import annotations

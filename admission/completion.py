@@ -3,9 +3,9 @@
 The response path never waits for Postgres: a finished call appends its row to a Redis
 stream (one XADD) and logs the structured line; the drainer process (`manage.py
 drain_completions`, one or more per deployment) moves rows from the stream into Postgres in
-batches, acknowledging them only once they are committed. If Postgres is down, rows wait in the stream and land when it is back; a row is
-written at most once (its uid is unique). If Redis itself refuses the XADD, the row is written
-to Postgres directly instead.
+batches, acknowledging them only once they are committed. If Postgres is down, rows wait in
+the stream and land when it is back; a row is written at most once (its uid is unique). If
+Redis itself refuses the XADD, the row is written to Postgres directly instead.
 
 The same round trip bumps the `/metrics` counters and histograms (one Redis hash shared by
 every API process, so any process can expose totals for all of them): see `metrics_record`.
@@ -184,8 +184,8 @@ class CompletionDraft:
         return data
 
 
-# A row's fields: the draft's, less its monotonic start (a moment of this process only) and
-# where it was saved.
+# A row's fields: the draft's, less what means something to this process only (its monotonic
+# start, where its draft was saved, whether its worker was confirmed).
 _ROW_FIELDS = tuple(
     f.name
     for f in dataclasses.fields(CompletionDraft)
@@ -216,8 +216,8 @@ def _model_row(data: dict[str, Any]) -> CompletionLog:
 
 
 # A row's one field in the stream: the row as JSON. One field, not one per column: redis-py
-# packs every argument of a command in Python, and packing a 2,000-call burst's rows as 23
-# fields each was almost a third of what the edge spent on the burst's refusals.
+# packs every argument of a command in Python, and per-column rows made that packing a large
+# part of what a burst's refusals cost (docs/benchmarks.md).
 ROW_FIELD = "row"
 
 
@@ -344,11 +344,10 @@ def _observe(pipe: Any, key: str, name: str, value_ms: int) -> None:
 
 
 class _Counts:
-    """Metric increments summed in this process, to go to the hash as one HINCRBY each: a
-    batch of rows' own, and `_unrecorded`: those that missed the hash (Redis was away when
-    their row was written). The row then goes to Postgres directly; its counters wait there,
-    in this process, and ride along with the next batch that reaches Redis, so every refusal
-    is counted once in /metrics, even under the Redis timeouts of an overload."""
+    """Metric increments summed in this process, to go to the hash as one HINCRBY each. Used
+    for a batch's own rows, and as `_unrecorded` for the counters of rows that went to Postgres
+    because Redis was away: those ride along with the next batch that reaches Redis, so every
+    call is counted once in /metrics even through an overload's Redis timeouts."""
 
     def __init__(self) -> None:
         self.fields: dict[str, int] = {}
@@ -501,10 +500,11 @@ class CompletionDrainer(threading.Thread):
     (`drain_completions` runs one in the foreground) or as a thread.
 
     It lands rows in batches: once a row arrives it keeps reading rows as they come for up to
-    `linger_s`, then writes them all in one INSERT. Rows it has read are out of Redis's hands (a Redis that restarts empty does not
-    lose them), and unacknowledged until they are in Postgres (a drainer that dies leaves them
-    pending, for another to take over). It looks for pending rows (its own after a failure,
-    those of a drainer that died) only every `recheck_s`.
+    `linger_s`, then writes them all in one INSERT. Rows it has read are out of Redis's hands
+    (a Redis that restarts empty does not lose them), and unacknowledged until they are in
+    Postgres (a drainer that dies leaves them pending, for another to take over). It looks for
+    pending rows (its own after a failure, those of a drainer that died) only every
+    `recheck_s`.
     """
 
     def __init__(

@@ -46,7 +46,7 @@ from workspaces.secrets import keyed_hash
 from workspaces.signing import sign, signing_key, unsigned, verify
 
 # A call that reaches its queue this long after its allowance ran out is refused instead of
-# entering (contract 2.8: no wait past allowance + 1 s).
+# entering (contract §2.8: no wait past allowance + 1 s).
 LATE_ENTRY_MS = 1_000
 
 log = logging.getLogger("sluice.admission")
@@ -182,11 +182,11 @@ async def _rate_limit(call: Call, policy: Policy, limiter: RateLimiter, clock: C
 
 
 def rate_refusal_holds_until(asked: float, decision: RateDecision) -> float:
-    """Until when the same call is refused in the same words: the bucket cannot let it pass
-    before `retry_after_ms` (counted from before the script was sent, so never later than
-    Redis's own moment), and the answer names whole seconds, which stay the same until the
-    next one ticks over. So at most a second, and then the next call asks Redis again (an
-    operator's new limit is seen as soon as by a policy read)."""
+    """Until when the same call gets the same refusal: the bucket lets nothing through before
+    `retry_after_ms` from `asked` (taken before the script was sent, so never later than
+    Redis's own moment), and only while its Retry-After, in whole seconds, would still be the
+    same number. So at most a second, after which the next call asks Redis again and sees any
+    new limit."""
     ticks_ms = decision.retry_after_ms - (decision.retry_after_s - 1) * 1000
     return asked + max(0, min(decision.retry_after_ms, ticks_ms)) / 1000
 

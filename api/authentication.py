@@ -78,7 +78,7 @@ class WorkerTokenAuthentication(BaseAuthentication):
         token = bearer_token(get_authorization_header(request))
         worker = Worker.objects.filter(token_hash=hash_secret(token)).first() if token else None
         if worker is None:
-            # Its own words, not the API key's: the API key message sent operators of a
+            # Worded for a worker token: the API-key message would send the operator of a
             # worker with a rotated token looking for an API key.
             raise refusals.worker_token_refused(given=bool(token))
         return WorkerUser(worker), token or ""

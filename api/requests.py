@@ -1,7 +1,7 @@
 """Durable requests (contract §2.7), their HTTP side: capabilities, submit, status, cancel.
 
 The domain (the call's watcher, its status, its one completion row) is admission/durable.py;
-these views parse, call it, and shape the answer. They hand it `status_of`, the edge's table,
+these views parse, call it, and shape the answer. They hand it `status_of` (api/errors.py),
 so a row records the status the synchronous endpoint would have answered.
 """
 

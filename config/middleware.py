@@ -2,9 +2,9 @@
 
 Calls to /v1/workspace-tools/ authenticate with bearer keys: they use no session, CSRF,
 messages or cookie auth. Django runs each classic (sync) middleware of an async request in
-two hops through one shared thread, which on a 2-core machine cost more than the rest of the
-call together; so these requests skip the rest of the chain and go straight to their async
-view, with the response headers that chain would have added.
+two hops through one shared thread, a costly detour for calls that need none of it; so these
+requests skip the rest of the chain and go straight to their async view, with the response
+headers that chain would have added.
 """
 
 from __future__ import annotations

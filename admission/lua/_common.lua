@@ -28,13 +28,17 @@ local CLAIM_MS = 3000
 local STATUS_DONE_TTL_MS = 900000
 local SEP = '\31'
 
--- Per-script dispatch context: reg key, env HASH, broker list key (nil: the API pushes the
--- envelope itself, e.g. when admission runs on a Redis Cluster the broker is not part of),
--- status key prefix, revoked-key marker prefix ('' = not checked here: the scripts do not
--- dispatch, e.g. on a Redis Cluster, whose marker would live in another slot; the waiting
--- API process re-checks the key in Postgres before it pushes the envelope itself).
--- take: the script's caller (a worker thread that just settled) runs the first granted
--- envelope itself instead of it going through the Celery queue (D.taken, returned to it).
+-- Per-script dispatch context (setup() sets all but take, which settle.lua sets):
+--   reg, q, env  the registration HASH, the queue ZSET, the env HASH (entry id -> envelope)
+--   broker       the worker's Celery queue list; nil where this Redis cannot reach it (e.g.
+--                a Redis Cluster): the waiting API process pushes the envelope itself
+--   ds           status key prefix
+--   rv           revoked-key marker prefix; '' = not checked here (the scripts do not
+--                dispatch, e.g. on a Redis Cluster, whose marker lives in another slot): the
+--                waiting API process checks the key in Postgres before it pushes the envelope
+--   take         the caller (a worker thread that just settled) runs the first granted
+--                envelope itself instead of it going through the Celery queue (D.taken and
+--                D.taken_entry, returned to it)
 local D = {
   reg = nil, q = nil, env = nil, broker = nil, ds = '', rv = '', take = false, taken = nil,
   taken_entry = nil,
@@ -102,11 +106,11 @@ local function remove_entry(kq, ke, id)
 end
 
 -- A durable call's status (contract §2.7), and that of a synchronous call whose completion
--- row draft waits in Redis (rw = 1: rw = 1 in the status too), from which the drainer's sweep
+-- row draft waits in Redis (rw = 1, copied into the status), from which the drainer's sweep
 -- writes the row if the call's API process died. Live states last until the entry's deadline
--- plus the terminal TTL; terminal ones STATUS_DONE_TTL_MS. A synchronous call's status is
--- only ever rewritten (XX) after entry: once its process wrote the row, it deleted the status,
--- and a late step (the call's settlement after a 504) must not make it again.
+-- plus the terminal TTL; terminal ones STATUS_DONE_TTL_MS. After entry, a synchronous call's
+-- status is only overwritten (XX): once its process wrote the row it deleted the status, and
+-- a late step (the call's settlement after a 504) must not create it again.
 local function set_status(e, state, extra, now)
   if (e.du ~= 1 and e.rw ~= 1) or D.ds == '' then
     return

@@ -26,8 +26,8 @@
 --                         (>= 1 when refused, 0 when allowed). A cost above the limit can
 --                         never pass; it is refused with retry_after_s = the window.
 --          retry_after_ms the same in whole ms, rounded up (0 when allowed): until then
---                         this request is refused again, so an API process may answer so
---                         from memory (api/burst.py) without asking again.
+--                         this request is refused again, so an API process may repeat the
+--                         refusal without asking Redis (api/execute/burst.py).
 --          A refused request writes nothing, not even the TTL.
 --
 -- Clock    Redis server TIME, never the API host's, so every API process shares one clock.

@@ -1,34 +1,28 @@
 """One credential's burst of execute calls at about the cost of one (contract §2.8).
 
-Each call through the view costs the event loop 2 to 6 ms (Django's request, DRF, the policy,
-the rate-limit and queue scripts), so a burst of hundreds held the loop for seconds: its own
-refusals came late and every other tenant's calls waited behind it. Two things keep a burst
-cheap, both owned by the edge (`Burst`):
+A call through the view costs the event loop several milliseconds (Django's request, DRF, the
+policy, the rate-limit and queue scripts), so an unchecked burst would hold the loop, and
+every other tenant's calls, for seconds. The edge's `Burst` keeps it cheap three ways:
 
-* **The gate**: per credential, at most `SLUICE_ADMITTING_PER_KEY` calls are on their way into
-  admission at once; the others wait their turn in arrival order (a future, not CPU). A call
-  leaves the gate once it is in its worker's queue (the `entered` hook) or answered, so a
-  waiting call holds no place and another credential's calls never wait behind it.
-* **Refusals that hold**: when the view answers a refusal that holds for a while
-  (`Refusal.holds_until`: a rate limit until the bucket could let the call pass, a full queue
-  for `SLUICE_FULL_QUEUE_HOLD_MS`), the answer is kept per credential, worker and operation.
-  A call of that key that arrives, or reaches the front of the gate, while it holds gets the
-  same status, headers and body and a completion row of its own, without Django's request,
-  DRF, Redis or Postgres. When it has run out, one call asks the view again and the others of
-  its key wait for that answer.
+* **The gate** (`Gate`): per credential, at most `SLUICE_ADMITTING_PER_KEY` calls are on their
+  way into admission at once; the rest wait in arrival order on a future, not on the CPU. A
+  call gives its place back once it is in its worker's queue (the `entered` hook) or answered,
+  so a call waiting in the queue holds no place.
+* **Refusals that hold** (`Memo`): a refusal with `Refusal.holds_until` (a rate limit until the
+  bucket could let the call pass, a full queue for `SLUICE_FULL_QUEUE_HOLD_MS`) is remembered
+  per credential, worker and operation. While it holds, a call with that key gets the same
+  status, headers and body, and a completion row of its own, without Django, DRF, Redis or
+  Postgres. Once it runs out, one call asks the view again and the others wait for its answer.
+* **Calls in flight** (`CallsInFlight`): per credential and worker, the calls read and not yet
+  answered. Each holds, or will take, a place in that worker's queue, whose limit counts
+  running calls too; so a call that arrives with a queue limit's worth of them ahead of it
+  ("beyond" the limit, in this module) is refused WORKER_QUEUE_FULL before its rate limit: at
+  the edge while the limit a view last read is under `BEYOND_HOLD_S` old, else by its own view
+  once the policy is read (the `decided` hook).
 
-* **Calls in flight**: per credential and worker, the calls the edge has read and not yet
-  answered. Each holds, or is about to take, a place in that worker's queue, whose limit counts
-  running calls too; so a call that arrives with that many of the same credential's calls to
-  the same worker ahead of it finds the queue full by the time its turn comes. It is refused
-  WORKER_QUEUE_FULL before its rate limit: at the edge while the limit a view read is at most
-  `BEYOND_HOLD_S` old, else by its view as soon as the policy is read (the `decided` hook). A
-  burst's refusals thus leave as its calls are read, not after the calls ahead have gone
-  through admission.
-
-Only an answer the view would give that call now is repeated: a valid call (the edge read it
-as Django would: `api/execute/reading.py`), a process not stopping, and for a full queue a
-call without a request id or instance binding (the view checks those first).
+An answer is repeated only where the view would give that call the same one now: the call is
+valid (read as Django would: `api/execute/reading.py`), the process is not stopping, and for a
+full queue the call names no request id or instance binding (the view checks those first).
 """
 
 from __future__ import annotations
@@ -55,7 +49,7 @@ MEMO_MAX = 4096
 # The answer's headers the server adds itself; a repeated answer gets its own.
 _SERVER_HEADERS = frozenset({"date", "server", "content-length"})
 
-# How long the queue limit a view read answers, at the edge, the calls beyond it.
+# How long the edge refuses calls beyond the queue limit by the limit a view last read.
 BEYOND_HOLD_S = 1.0
 
 MemoKey = tuple[bytes, str, str]
@@ -153,8 +147,9 @@ class Passage:
 
 
 class Remembered:
-    """A refusal that holds, and its answer: as the view sent it, or made from the refusal
-    when first sent (`rendered` None: most limits learned are never sent)."""
+    """A refusal that holds, and its answer: the view's own, or rendered from the refusal the
+    first time it is sent (`rendered` None: most queue limits `CallsInFlight` records are never
+    sent)."""
 
     def __init__(self, holding: Holding, rendered: Answer | None = None) -> None:
         self.holding = holding
@@ -235,8 +230,8 @@ class CallsInFlight:
         self.now = now
         self.in_flight: dict[tuple[bytes, str], int] = {}
         self.limits: dict[tuple[bytes, str], Remembered] = {}
-        # Per pair: set once a view has read the policy again for the calls beyond an old
-        # limit.
+        # Per pair: a future while one call's view reads an expired limit again; the other
+        # calls beyond it wait on that instead of each asking their own view.
         self.reading: dict[tuple[bytes, str], asyncio.Future[None]] = {}
 
     def ahead(self, key: MemoKey | None) -> int:
@@ -252,7 +247,8 @@ class CallsInFlight:
 
     def beyond(self, key: MemoKey | None, ahead: int, *, fresh: bool = True) -> Remembered | None:
         """The refusal of a call with `ahead` calls of its pair before it, when they fill the
-        queue by the limit a view read at most BEYOND_HOLD_S ago (any time, not `fresh`)."""
+        queue by the limit a view last read: under BEYOND_HOLD_S ago, or at any time when not
+        `fresh`."""
         limit = self.limits.get(key[:2]) if key is not None else None
         if limit is None or (fresh and limit.holding.until <= self.now()):
             return None
@@ -263,9 +259,9 @@ class CallsInFlight:
         return limit is not None and limit.holding.until > self.now()
 
     async def read_again(self, key: MemoKey) -> asyncio.Future[None] | None:
-        """For a call beyond an old limit: waits while another such call's view reads the
-        policy again. A future: the limit is still old, and this call's view is to read it
-        (`read` once it has)."""
+        """For a call beyond a limit read BEYOND_HOLD_S or more ago: waits while another such
+        call's view reads the policy again. A future: the limit is still stale and this call's
+        view is to read it (then `read`); None: another call's view has read it meanwhile."""
         while (reading := self.reading.get(key[:2])) is not None:
             await asyncio.shield(reading)
         if self.fresh(key):
@@ -282,8 +278,8 @@ class CallsInFlight:
             reading.set_result(None)
 
     def learn(self, key: MemoKey, draft: CompletionDraft, policy: Policy) -> Refusal:
-        """A view read the pair's policy: the refusal of a call beyond its limit, for the
-        next BEYOND_HOLD_S."""
+        """A view read the pair's policy: record, for the next BEYOND_HOLD_S, the refusal of
+        a call beyond its queue limit, and return it."""
         refusal = refusals.queue_full(
             draft.worker_id, policy.worker_queue_limit, holds_until=self.now() + BEYOND_HOLD_S
         )
@@ -305,9 +301,9 @@ class CallsInFlight:
 
 @dataclass
 class Arrival:
-    """A call counted in flight from the moment the edge read it (not from when its task
-    first runs, which on a loop busy with a burst is hundreds of arrivals later), and how many
-    calls of its pair were ahead of it then. Counted out once."""
+    """A call counted in flight from the moment the edge read it, and how many calls of its
+    pair were ahead of it then. Not from when its task first runs: on a loop busy with a burst
+    that is many arrivals later, and those arrivals would not see it. Counted out once."""
 
     calls: CallsInFlight
     key: MemoKey | None
@@ -326,17 +322,17 @@ class Arrival:
 
 @dataclass
 class GateHooks:
-    """A call's AdmissionHooks. Once its policy is read, the queue limit is learned, and the
-    call is refused if the calls of its pair ahead of it fill the queue. Once it is in its worker's
-    queue, it gives its gate place to the next call, and the calls of its key waiting for its
-    answer go on (it is no refusal)."""
+    """A call's AdmissionHooks. Once its policy is read, the queue limit is recorded and the
+    call is refused if the calls of its pair ahead of it fill the queue. Once it is in its
+    worker's queue, it gives its gate place to the next call, and the calls of its key waiting
+    for its answer go on (entering is no refusal to repeat)."""
 
     burst: Burst
     passage: Passage | None
     arrival: Arrival
     read: ReadCall | None
     asking: bool
-    # Refused by `decided`: its answer is for the calls beyond, not one for the memo.
+    # Refused by `decided`: a queue-limit answer, kept out of the Memo.
     beyond: bool = False
 
     def decided(self, policy: Policy) -> Refusal | None:
@@ -401,8 +397,8 @@ class Burst:
         abandoned: Callable[[], None],
     ) -> HttpResponseBase | Answer:
         """The call's answer: a refusal that holds for it (its row written), else its view's.
-        A call beyond an old limit needs only the limit read again; the others wait
-        their turn at the gate. `abandoned` writes the row of a call whose client went away
+        A call beyond a stale limit needs only the limit read again; the others wait their
+        turn at the gate. `abandoned` writes the row of a call whose client went away
         while it waited."""
         passage, reading, asking = None, None, False
         try:
