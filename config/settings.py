@@ -249,7 +249,7 @@ SLUICE_BRIDGE_REDEEM_RATE_LIMIT = env_str("SLUICE_BRIDGE_REDEEM_RATE_LIMIT", "20
 # of it (api/execute/burst.py). A call that waits in its queue has left this count.
 SLUICE_ADMITTING_PER_KEY = env_int("SLUICE_ADMITTING_PER_KEY", 4, low=1, high=10_000)
 # A worker's queue found full is taken as full this long for the caller that found it: its
-# next calls to that worker are refused from memory meanwhile (0: every call asks Redis).
+# next calls to that worker are refused without asking Redis meanwhile (0: every call asks).
 SLUICE_FULL_QUEUE_HOLD_MS = env_int("SLUICE_FULL_QUEUE_HOLD_MS", 20, low=0, high=1_000)
 
 AUTH_PASSWORD_VALIDATORS = [
