@@ -105,7 +105,7 @@ class SearchProcesses:
         env = {k: v for k, v in os.environ.items() if k != "SLUICE_COMMAND_OF"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         child = subprocess.Popen(
-            [sys.executable, "-m", "workspaces.operations.searchprocs"],
+            [sys.executable, "-c", "from workspaces.operations.searchprocs import serve; serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -145,7 +145,9 @@ def _read_line(pipe: IO[bytes], until: float) -> bytes | None:
             return b"".join(chunks)
 
 
-def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+def serve() -> None:
+    """A child's loop: one search per line of stdin, until it ends."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     for line in stdin:
         message = json.loads(line)
         try:
@@ -162,7 +164,3 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
             answer = {"crash": traceback.format_exc()}
         stdout.write(json.dumps(answer).encode() + b"\n")
         stdout.flush()
-
-
-if __name__ == "__main__":
-    _serve(sys.stdin.buffer, sys.stdout.buffer)
