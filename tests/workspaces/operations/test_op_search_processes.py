@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from livesupport import pid_alive, wait_until
 from sluice_protocol import validate_request
 
 from workspaces.operations import OperationError, SearchProcesses, run_operation
@@ -132,3 +135,26 @@ def test_a_child_is_not_counted_among_what_commands_started(
         assert not any(v.startswith(b"SLUICE_COMMAND_OF=") for v in environ)
     finally:
         searches.close()
+
+
+def test_a_killed_worker_leaves_no_search_process_behind() -> None:
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from workspaces.operations import SearchProcesses\n"
+            "procs = SearchProcesses(2)\n"
+            "print(' '.join(str(c.pid) for c in procs._children), flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        env=os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+    )
+    assert worker.stdout is not None
+    children = [int(pid) for pid in worker.stdout.readline().split()]
+    assert len(children) == 2
+    worker.kill()
+    worker.wait()
+
+    wait_until(lambda: not any(pid_alive(pid) for pid in children))
