@@ -38,6 +38,9 @@ def _tree(root: Path) -> None:
     (root / "src/b.txt").write_text("needle needle\n")
     (root / "bin.dat").write_bytes(b"needle\x00")
     (root / "caf\u00e9.txt").write_text("needle \u2603\n")
+    # A name that is not UTF-8: skipped alike, and nothing on the pipe chokes on it.
+    with open(os.path.join(os.fsencode(root), b"\xff.txt"), "wb") as f:
+        f.write(b"needle\n")
 
 
 def test_a_search_in_a_process_answers_what_one_in_the_thread_does(
