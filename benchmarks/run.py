@@ -18,6 +18,8 @@ BENCHMARKS = [
     ("admission: hand-off, Redis commands per call, 1,000 waiters, throughput", "admission.py", []),
     ("dashboard queries on 1,000,000 completion rows", "dashboard_queries.py", []),
     ("command sandbox: added latency of bwrap per command", "sandbox.py", []),
+    ("a worker killed while it starts a sandbox: what is left", "sandbox_kill.py", []),
+    ("fair share and shared reads: a read behind a backlog, four reads at once", "fairness.py", []),
     ("edit plan: 100 edits that match nothing on a 3.6 MB file (issue 34)", "edit_plan.py", []),
     ("edge: one refusal from memory vs by the view, in process", "edge.py", []),
     ("admission scripts: settle and enter inside Redis by queue length", "scripts.py", []),

@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 NAMESPACES = ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts")
+# In bwrap's own environment only (bwrap unsets it for what it starts): it names the worker
+# process that started the sandbox, for that process's undertaker (operations/undertaker.py).
+MARK_ENV = "SLUICE_SANDBOX_OF"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Sandbox:
         # with CAP_SYS_ADMIN a command unmounts whatever hides a secret or remounts /
         # read-write. Unprivileged bwrap drops them anyway; this makes root the same.
         args = [self.bwrap, *NAMESPACES, "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+        args += ["--unsetenv", MARK_ENV]
         if not network:
             args.append("--unshare-net")
         args += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]

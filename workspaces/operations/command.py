@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workspaces.operations import prepared
+from workspaces.operations import prepared, undertaker
 from workspaces.operations.errors import OperationError, OutcomeUnknown
 from workspaces.operations.paths import resolve_dir
 from workspaces.sandbox import Sandbox, hold_git_placeholders
@@ -215,7 +215,11 @@ def execute_command(
             "COMMAND_UNAVAILABLE", "No time was left before the deadline to start the command."
         )
     if confinement is None:
-        return _collect(_start(["/bin/sh", "-c", command], cwd=cwd), budget_s=budget_s, cap=cap)
+        return _collect(
+            _start(["/bin/sh", "-c", command], cwd=cwd, env=command_env()),
+            budget_s=budget_s,
+            cap=cap,
+        )
     worktree = str(request.get("worktree") or "") or None
     key = prepared.SandboxKey(
         confinement.sandbox, confinement.workspace_root, worktree, confinement.network
@@ -239,7 +243,7 @@ def execute_command(
                 cwd=cwd,
                 network=confinement.network,
             )
-            proc = _start(argv, cwd=cwd)
+            proc = _start(argv, cwd=cwd, env=command_env() | undertaker.mark())
 
         def prepare_next() -> None:
             owner = os.environ.get(OWNER_ENV)
@@ -254,7 +258,7 @@ def execute_command(
                 ready.release()
 
 
-def _start(argv: list[str], *, cwd: str) -> subprocess.Popen[bytes]:
+def _start(argv: list[str], *, cwd: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     try:
         return subprocess.Popen(
             argv,
@@ -264,7 +268,7 @@ def _start(argv: list[str], *, cwd: str) -> subprocess.Popen[bytes]:
             stderr=subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
-            env=command_env(),
+            env=env,
         )
     except OSError as exc:
         raise OperationError(

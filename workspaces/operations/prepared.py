@@ -44,6 +44,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from workspaces.operations.undertaker import mark
 from workspaces.sandbox import Sandbox, release_git_placeholders, take_git_placeholders
 
 # The waiting shell: one byte says the sandbox is set up, then it runs what arrives on stdin.
@@ -101,7 +102,7 @@ class PreparedSandbox:
                 start_new_session=True,
                 close_fds=True,
                 pass_fds=(info_write,),
-                env=env,
+                env=env | mark(),
             )
         except BaseException:
             os.close(info_read)

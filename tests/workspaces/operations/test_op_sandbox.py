@@ -23,7 +23,8 @@ import pytest
 from livesupport import git, git_workspace
 from sandboxkit import Run, command_runner
 
-from workspaces.sandbox import Limits, Sandbox, worker_sandbox
+from workspaces.operations import Confinement, run_operation
+from workspaces.sandbox import MARK_ENV, Limits, Sandbox, worker_sandbox
 
 COMMIT = "git -c user.email=t@example.com -c user.name=t commit -q"
 
@@ -130,6 +131,30 @@ def test_the_workers_environment_and_command_line_are_not_readable(boxed: Run, b
     assert result["exitCode"] != 0
     assert result["stdout"] == ""
     assert "No such file" in result["stderr"]
+
+
+def test_the_undertakers_mark_is_on_bwrap_and_not_on_the_command(
+    sandbox: Sandbox, repo: Path
+) -> None:
+    request = {
+        "protocolVersion": 1,
+        "operation": "execute_command",
+        "workspaceId": "repo",
+        "command": "tr '\\0' '\\n' </proc/1/environ; echo; env",
+        "cwd": "",
+        "timeoutMs": 30_000,
+        "maxOutputBytes": 256 * 1024,
+    }
+    result = run_operation(
+        request,
+        root=str(repo),
+        deadline=time.monotonic() + 60,
+        confinement=Confinement(sandbox, str(repo), prepared=False),
+    )
+    lines = str(result["stdout"]).splitlines()
+    bwrap, command = lines[: lines.index("")], lines[lines.index("") + 1 :]
+    assert [line for line in bwrap if line.startswith(f"{MARK_ENV}=")]
+    assert not [line for line in command if line.startswith(f"{MARK_ENV}=")]
 
 
 def test_ps_and_proc_show_only_the_calls_own_processes(boxed: Run, bare: Run) -> None:

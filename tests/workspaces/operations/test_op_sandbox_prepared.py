@@ -26,7 +26,7 @@ from workspaces.operations import prepared
 from workspaces.operations.command import OWNER_ENV
 from workspaces.operations.prepared import PREPARED_ENV, SandboxKey
 from workspaces.runtime.orphans import orphaned_pids
-from workspaces.sandbox import Limits, Sandbox
+from workspaces.sandbox import MARK_ENV, Limits, Sandbox
 
 ROOT = Path(__file__).resolve().parents[3]
 # How many variables the sandbox's PID 1 has: bwrap's own environment.
@@ -50,9 +50,9 @@ def _warm(boxed: Run, key: SandboxKey) -> None:
 
 
 def _ran_prepared(stdout_last_line: str) -> bool:
-    # A prepared sandbox's bwrap has the worker's id alone; one started for the call has the
-    # command's whole environment.
-    return int(stdout_last_line) == 1
+    # A prepared sandbox's bwrap has the worker's id and the undertaker's mark alone; one
+    # started for the call has the command's whole environment.
+    return int(stdout_last_line) == 2
 
 
 def test_a_prepared_sandbox_runs_one_command_and_is_then_no_ones(
@@ -127,7 +127,7 @@ def test_a_prepared_sandbox_holds_no_worker_secret_and_takes_the_environment_of_
     assert "LATE_SETTING=it's late" in lines
     # The waiting shell's own variable is not the command's.
     command_env = lines[lines.index("") + 1 : -1]
-    assert not [line for line in command_env if line.startswith(PREPARED_ENV)]
+    assert not [line for line in command_env if line.startswith((PREPARED_ENV, MARK_ENV))]
     assert "TMPDIR=/tmp" in command_env
     # The waiting shell's `cd` leaves no OLDPWD of its own.
     assert any(v.startswith("OLDPWD=") for v in command_env) == ("OLDPWD" in os.environ)
