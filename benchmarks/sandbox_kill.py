@@ -22,11 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workspaces.operations.prepared import PREPARED_ENV
 from workspaces.runtime.orphans import orphaned_pids
+
+ROOT = Path(__file__).resolve().parent.parent
 
 WORKER_ID = f"bench-kill-{os.getpid()}"
 PREPARING = """
