@@ -4,8 +4,8 @@ API process and one real worker (4 slots), two principals of one tenant.
 * `behind_backlog`: principal A sends twelve 1 s commands to workspace `ws`; once all are in
   the queue, principal B sends one read_file to `ws`. Reported: B's wait (its answer's time)
   and how many of A's commands had finished by then.
-* `four_read_files`, `four_searches`: four concurrent read_file (a small file) or search_text
-  calls on one workspace, against one alone: the wall time of the four and of one (medians
+* `four_read_files`, `four_searches`, `four_lists`: four concurrent read_file (a small file),
+  search_text or list_files calls (1,000 files) on one workspace, against one alone: the wall time of the four and of one (medians
   over the rounds), and the most of them the queue held running at once (sampled every 5 ms). On a CPU-bound machine the wall time of four
   overlapping searches is bounded by the cores, whatever admission does; the sample shows
   whether admission let them overlap.
@@ -189,6 +189,7 @@ def main() -> None:
                 "four_searches",
                 {"operation": "search_text", "workspaceId": "big", "query": "needle"},
             ),
+            ("four_lists", {"operation": "list_files", "workspaceId": "big"}),
         ):
             results[name] = four_reads(
                 api.url, a, {"protocolVersion": 1, **body}, args.reads_rounds, running

@@ -19,13 +19,13 @@ from workspaces.operations.errors import OperationError, OutcomeUnknown
 from workspaces.operations.files import list_files, read_file, write_file
 from workspaces.operations.lanes import resolve_lane
 from workspaces.operations.search import search_text
-from workspaces.operations.searchprocs import SearchProcesses
+from workspaces.operations.treeprocs import WALKS, TreeProcesses
 
 __all__ = [
     "Confinement",
     "OperationError",
     "OutcomeUnknown",
-    "SearchProcesses",
+    "TreeProcesses",
     "resolve_lane",
     "run_operation",
 ]
@@ -69,13 +69,14 @@ def run_operation(
     deadline: float,
     offered: frozenset[str] | None = None,
     confinement: Confinement | None = None,
-    searches: SearchProcesses | None = None,
+    walkers: TreeProcesses | None = None,
 ) -> dict[str, object]:
     """Run one validated request under ``root`` (a workspace or lane realpath).
 
     ``confinement`` sandboxes ``execute_command`` (the other operations are the worker's own
     code and check their paths themselves); without it a command runs unconfined.
-    ``searches`` runs ``search_text`` in a process of its own; without it, in this thread.
+    ``walkers`` runs ``search_text`` and ``list_files`` in a process of their own; without it,
+    in this thread.
 
     Returns the complete §2.2 result. Raises ``OperationError`` for a refusal or failure, and
     ``OutcomeUnknown`` when a mutation may or may not have happened.
@@ -88,8 +89,8 @@ def run_operation(
         raise OperationError(_NOT_OFFERED[operation], f"This workspace does not offer {operation}.")
     try:
         extra = {"confinement": confinement} if operation == "execute_command" else {}
-        if operation == "search_text" and searches is not None:
-            handler = searches.search
+        if walkers is not None and operation in WALKS:
+            handler = walkers.run
         result = handler(request, root=os.path.realpath(root), deadline=deadline, **extra)
     except OperationError:
         raise

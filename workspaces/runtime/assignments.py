@@ -182,7 +182,7 @@ def _execute(
             deadline=deadline,
             offered=workspace.operations,
             confinement=confinement,
-            searches=st.searches,
+            walkers=st.walkers,
         )
     except OutcomeUnknown as exc:
         return _error(exc.code, exc.message, quarantine=True)

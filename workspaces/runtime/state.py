@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from workspaces.operations.searchprocs import SearchProcesses
+from workspaces.operations.treeprocs import TreeProcesses
 from workspaces.runtime.config import WorkspaceRoot
 from workspaces.sandbox import Sandbox
 
@@ -120,8 +120,8 @@ class WorkerState:
     signing_key: bytes
     # None only when started with --allow-unsandboxed-commands on a host that cannot sandbox.
     sandbox: Sandbox | None = None
-    # search_text's processes, one per slot (None: searches run in the slot's thread).
-    searches: SearchProcesses | None = None
+    # Processes for search_text and list_files, one per slot (None: run in the slot's thread).
+    walkers: TreeProcesses | None = None
     # Redis clock minus this host's clock, in ms: deadlines are on Redis's clock.
     clock_offset_ms: float = 0.0
     seen: Tickets = field(default_factory=Tickets)

@@ -21,7 +21,7 @@ from admission.connections import sync_queue
 from config.celery import app
 from workspaces import outages
 from workspaces.operations.command import OWNER_ENV
-from workspaces.operations.searchprocs import SearchProcesses
+from workspaces.operations.treeprocs import TreeProcesses
 from workspaces.runtime import state as worker_state
 from workspaces.runtime.config import (
     WorkerConfigError,
@@ -235,7 +235,7 @@ class Command(BaseCommand):
             answer = control.register(workspaces=offered(), slots=slots)
         except RegistrationRefused as exc:
             raise CommandError(str(exc)) from None
-        searches = SearchProcesses(int(answer["slots"]))
+        walkers = TreeProcesses(int(answer["slots"]))
         state = worker_state.WorkerState(
             worker_id=options["worker_id"],
             incarnation=answer["incarnationId"],
@@ -244,7 +244,7 @@ class Command(BaseCommand):
             queue=sync_queue(),
             signing_key=signing_key_for_token(options["token"]),
             sandbox=sandbox,
-            searches=searches,
+            walkers=walkers,
         )
         try:
             # The worker's first use of its Redis: registering set its Redis user up.
@@ -255,7 +255,7 @@ class Command(BaseCommand):
                     broker.ping()
         except redis.RedisError as exc:
             control.deregister(state.incarnation)
-            searches.close()
+            walkers.close()
             raise CommandError(redis_refused(exc)) from None
         worker_state.install(state)
         self.stdout.write(
@@ -285,7 +285,7 @@ class Command(BaseCommand):
             if not self.revoked and control.deregister(state.incarnation):
                 self.stdout.write(f"worker {state.worker_id} deregistered")
             worker_state.install(None)
-            searches.close()
+            walkers.close()
         if self.revoked:
             raise CommandError(
                 f"worker {state.worker_id} stopped: its token is no longer accepted (revoked, "

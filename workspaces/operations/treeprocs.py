@@ -1,12 +1,12 @@
-"""search_text in processes of the worker's own, one per slot.
+"""search_text and list_files in processes of the worker's own, one per slot.
 
-A search is Python work over every file of a tree, and a worker's slots are threads of one
-process: under one interpreter lock, concurrent searches of a shared workspace ran one at a
-time and slower than that. Each search here runs in a child process that does nothing else,
-so searches use the cores. A search still running past its call's deadline has its process
-killed and replaced, so it stops instead of holding a slot's thread.
+Both walk a whole tree in Python, and a worker's slots are threads of one process: under one
+interpreter lock, concurrent walks of a shared workspace ran one at a time and slower than
+that. Each walk here runs in a child process that does nothing else, so walks use the cores.
+A walk still running past its call's deadline has its process killed and replaced, so it stops
+instead of holding a slot's thread.
 
-Children speak one JSON line each way per search: ``{"request", "root", "deadline"}`` in
+Children speak one JSON line each way per call: ``{"request", "root", "deadline"}`` in
 (``deadline`` on ``time.monotonic()``, one clock for every process of the host), and one of
 ``{"ok": result}``, ``{"error": [code, message]}``, ``{"oserror": [errno, strerror]}`` or
 ``{"crash": traceback}`` out. A child ends when its stdin does (the worker stopped or died).
@@ -26,19 +26,22 @@ import traceback
 from typing import IO, Any
 
 from workspaces.operations.errors import OperationError
+from workspaces.operations.files import list_files
 from workspaces.operations.search import search_text
 
-# How long past the call's deadline a child may take to answer before it is killed: a search
+# How long past the call's deadline a child may take to answer before it is killed: a walk
 # checks the deadline between files, so only one huge or stuck file keeps it longer.
 GRACE_S = 1.0
+WALKS = {"search_text": search_text, "list_files": list_files}
+_TIMEOUT = {"search_text": "SEARCH_TIMEOUT", "list_files": "LIST_TIMEOUT"}
 
 
-class SearchFailed(RuntimeError):
-    """A child's search raised what run_operation does not map: the worker logs it."""
+class WalkFailed(RuntimeError):
+    """A child's walk raised what run_operation does not map: the worker logs it."""
 
 
-class SearchProcesses:
-    """``count`` children, each running one search at a time."""
+class TreeProcesses:
+    """``count`` children, each running one walk (an operation of ``WALKS``) at a time."""
 
     def __init__(self, count: int) -> None:
         # None stands for a child ended by close(): whoever takes it is told the worker stops.
@@ -48,10 +51,8 @@ class SearchProcesses:
         for _ in range(count):
             self._idle.put(self._spawn())
 
-    def search(
-        self, request: dict[str, object], *, root: str, deadline: float
-    ) -> dict[str, object]:
-        """search_text's result for ``request``, or what it raises, from an idle child."""
+    def run(self, request: dict[str, object], *, root: str, deadline: float) -> dict[str, object]:
+        """The walk's result for ``request``, or what it raises, from an idle child."""
         child: subprocess.Popen[bytes] | None = self._idle.get()
         if child is not None and child.poll() is not None:
             child = self._replace(child)
@@ -72,7 +73,7 @@ class SearchProcesses:
             raise OperationError(*answer["error"])
         if "oserror" in answer:
             raise OSError(*answer["oserror"])
-        raise SearchFailed(answer.get("crash", "the search process answered nothing known"))
+        raise WalkFailed(answer.get("crash", "the walking process answered nothing known"))
 
     def close(self) -> None:
         """End every child (the worker is stopping)."""
@@ -88,14 +89,15 @@ class SearchProcesses:
             child.stdin.flush()
         except OSError:
             raise OperationError(
-                "READ_UNAVAILABLE", "The worker's search process ended before the call."
+                "READ_UNAVAILABLE", "The worker's walking process ended before the call."
             ) from None
         line = _read_line(child.stdout, deadline + GRACE_S)
         if line is None:
-            raise OperationError("SEARCH_TIMEOUT", "The operation ran past its deadline.")
+            code = _TIMEOUT[str(message["request"]["operation"])]
+            raise OperationError(code, "The operation ran past its deadline.")
         if not line:
             raise OperationError(
-                "READ_UNAVAILABLE", "The worker's search process ended during the call."
+                "READ_UNAVAILABLE", "The worker's walking process ended during the call."
             )
         answer: dict[str, Any] = json.loads(line)
         return answer
@@ -105,7 +107,7 @@ class SearchProcesses:
         env = {k: v for k, v in os.environ.items() if k != "SLUICE_COMMAND_OF"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         child = subprocess.Popen(
-            [sys.executable, "-c", "from workspaces.operations.searchprocs import serve; serve()"],
+            [sys.executable, "-c", "from workspaces.operations.treeprocs import serve; serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -146,13 +148,13 @@ def _read_line(pipe: IO[bytes], until: float) -> bytes | None:
 
 
 def serve() -> None:
-    """A child's loop: one search per line of stdin, until it ends."""
+    """A child's loop: one walk per line of stdin, until it ends."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     for line in stdin:
         message = json.loads(line)
         try:
             answer: dict[str, object] = {
-                "ok": search_text(
+                "ok": WALKS[message["request"]["operation"]](
                     message["request"], root=message["root"], deadline=message["deadline"]
                 )
             }

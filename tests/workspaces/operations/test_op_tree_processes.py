@@ -1,5 +1,5 @@
-"""search_text in the worker's search processes: the same answers as in the slot's thread,
-and a search that outlives its call stopped (workspaces/operations/searchprocs.py)."""
+"""search_text and list_files in the worker's walking processes: the same answers as in the
+slot's thread, and a walk that outlives its call stopped (workspaces/operations/treeprocs.py)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ import pytest
 from livesupport import pid_alive, wait_until
 from sluice_protocol import validate_request
 
-from workspaces.operations import OperationError, SearchProcesses, run_operation
-from workspaces.operations.searchprocs import GRACE_S
+from workspaces.operations import OperationError, TreeProcesses, run_operation
+from workspaces.operations.treeprocs import GRACE_S
 
 
 @pytest.fixture
-def searches() -> Iterator[SearchProcesses]:
-    procs = SearchProcesses(2)
+def searches() -> Iterator[TreeProcesses]:
+    procs = TreeProcesses(2)
     yield procs
     procs.close()
 
@@ -29,6 +29,12 @@ def searches() -> Iterator[SearchProcesses]:
 def _search(**fields: object) -> dict[str, object]:
     return validate_request(
         {"protocolVersion": 1, "operation": "search_text", "workspaceId": "w", **fields}
+    )
+
+
+def _list(**fields: object) -> dict[str, object]:
+    return validate_request(
+        {"protocolVersion": 1, "operation": "list_files", "workspaceId": "w", **fields}
     )
 
 
@@ -44,7 +50,7 @@ def _tree(root: Path) -> None:
 
 
 def test_a_search_in_a_process_answers_what_one_in_the_thread_does(
-    tmp_path: Path, searches: SearchProcesses
+    tmp_path: Path, searches: TreeProcesses
 ) -> None:
     _tree(tmp_path)
     for request in (
@@ -52,35 +58,45 @@ def test_a_search_in_a_process_answers_what_one_in_the_thread_does(
         _search(query="needle", maxResults=1),
         _search(query="needle", path="src"),
         _search(query="\u2603"),
+        _list(),
+        _list(path="src"),
+        _list(maxResults=2),
     ):
         here = run_operation(request, root=str(tmp_path), deadline=time.monotonic() + 30)
         there = run_operation(
-            request, root=str(tmp_path), deadline=time.monotonic() + 30, searches=searches
+            request, root=str(tmp_path), deadline=time.monotonic() + 30, walkers=searches
         )
         assert there == here
-        assert here["matches"]
+        assert here.get("matches") or here.get("paths")
 
 
 def test_refusals_come_back_as_the_same_typed_errors(
-    tmp_path: Path, searches: SearchProcesses
+    tmp_path: Path, searches: TreeProcesses
 ) -> None:
     _tree(tmp_path)
     for request, code in (
         (_search(query="needle", path="missing"), None),
         (_search(query="needle"), "SEARCH_TIMEOUT"),
+        (_list(path="missing"), None),
+        (_list(), "LIST_TIMEOUT"),
     ):
         deadline = time.monotonic() + (30 if code is None else -1)
         with pytest.raises(OperationError) as here:
             run_operation(request, root=str(tmp_path), deadline=deadline)
         with pytest.raises(OperationError) as there:
-            run_operation(request, root=str(tmp_path), deadline=deadline, searches=searches)
+            run_operation(request, root=str(tmp_path), deadline=deadline, walkers=searches)
         assert (there.value.code, there.value.message) == (here.value.code, here.value.message)
         assert code is None or there.value.code == code
 
 
-def test_a_search_past_its_deadline_is_stopped_and_its_process_replaced(
-    tmp_path: Path, searches: SearchProcesses
+@pytest.mark.parametrize("operation", ["search_text", "list_files"])
+def test_a_walk_past_its_deadline_is_stopped_and_its_process_replaced(
+    tmp_path: Path, searches: TreeProcesses, operation: str
 ) -> None:
+    request, code = {
+        "search_text": (_search(query="needle"), "SEARCH_TIMEOUT"),
+        "list_files": (_list(), "LIST_TIMEOUT"),
+    }[operation]
     _tree(tmp_path)
     children = set(searches._children)
     # Both children stopped: whichever the call takes cannot answer.
@@ -88,8 +104,8 @@ def test_a_search_past_its_deadline_is_stopped_and_its_process_replaced(
         os.kill(child.pid, signal.SIGSTOP)
     started = time.monotonic()
     with pytest.raises(OperationError) as refused:
-        searches.search(_search(query="needle"), root=str(tmp_path), deadline=started + 0.2)
-    assert refused.value.code == "SEARCH_TIMEOUT"
+        searches.run(request, root=str(tmp_path), deadline=started + 0.2)
+    assert refused.value.code == code
     assert time.monotonic() - started >= 0.2 + GRACE_S
     killed = children - searches._children
     assert len(killed) == 1 and all(c.poll() is not None for c in killed)
@@ -97,33 +113,31 @@ def test_a_search_past_its_deadline_is_stopped_and_its_process_replaced(
         os.kill(child.pid, signal.SIGCONT)
     # The replacement (and the other child) answer the next calls.
     for _ in range(2):
-        answer = searches.search(
-            _search(query="needle"), root=str(tmp_path), deadline=time.monotonic() + 30
-        )
-        assert answer["matches"]
+        answer = searches.run(request, root=str(tmp_path), deadline=time.monotonic() + 30)
+        assert answer.get("matches") or answer.get("paths")
 
 
 def test_a_dead_child_is_replaced_before_it_is_given_a_call(
-    tmp_path: Path, searches: SearchProcesses
+    tmp_path: Path, searches: TreeProcesses
 ) -> None:
     _tree(tmp_path)
     for child in list(searches._children):
         child.kill()
         child.wait()
     for _ in range(3):
-        answer = searches.search(
+        answer = searches.run(
             _search(query="needle"), root=str(tmp_path), deadline=time.monotonic() + 30
         )
         assert answer["matches"]
 
 
 def test_closing_ends_every_child_and_later_calls_are_refused(tmp_path: Path) -> None:
-    searches = SearchProcesses(2)
+    searches = TreeProcesses(2)
     children = list(searches._children)
     searches.close()
     assert all(child.poll() is not None for child in children)
     with pytest.raises(OperationError) as refused:
-        searches.search(_search(query="x"), root=str(tmp_path), deadline=time.monotonic() + 30)
+        searches.run(_search(query="x"), root=str(tmp_path), deadline=time.monotonic() + 30)
     assert refused.value.code == "READ_UNAVAILABLE"
 
 
@@ -131,7 +145,7 @@ def test_a_child_is_not_counted_among_what_commands_started(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("SLUICE_COMMAND_OF", "w1")
-    searches = SearchProcesses(1)
+    searches = TreeProcesses(1)
     try:
         (child,) = searches._children
         environ = Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0")
@@ -146,8 +160,8 @@ def test_a_killed_worker_leaves_no_search_process_behind() -> None:
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from workspaces.operations import SearchProcesses\n"
-            "procs = SearchProcesses(2)\n"
+            "from workspaces.operations import TreeProcesses\n"
+            "procs = TreeProcesses(2)\n"
             "print(' '.join(str(c.pid) for c in procs._children), flush=True)\n"
             "time.sleep(600)\n",
         ],
