@@ -47,7 +47,12 @@ def check_deadline(deadline: float, code: str) -> None:
     wasted and, for a mutation, would land after the client was told the outcome is unknown.
     """
     if time.monotonic() >= deadline:
-        raise OperationError(code, "The operation ran past its deadline.")
+        raise past_deadline(code)
+
+
+def past_deadline(code: str) -> OperationError:
+    """What a call that ran past its deadline is refused with, as ``code``."""
+    return OperationError(code, "The operation ran past its deadline.")
 
 
 # Items a paced loop handles between two looks at the clock: a few milliseconds of Python work.

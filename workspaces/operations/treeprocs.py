@@ -25,15 +25,14 @@ import time
 import traceback
 from typing import IO, Any
 
-from workspaces.operations.errors import OperationError
-from workspaces.operations.files import list_files
-from workspaces.operations.search import search_text
+from workspaces.operations.command import OWNER_ENV
+from workspaces.operations.errors import OperationError, past_deadline
 
 # How long past the call's deadline a child may take to answer before it is killed: a walk
 # checks the deadline between files, so only one huge or stuck file keeps it longer.
 GRACE_S = 1.0
-WALKS = {"search_text": search_text, "list_files": list_files}
-_TIMEOUT = {"search_text": "SEARCH_TIMEOUT", "list_files": "LIST_TIMEOUT"}
+# The operations run here, each with the code it times out with.
+WALKS = {"search_text": "SEARCH_TIMEOUT", "list_files": "LIST_TIMEOUT"}
 
 
 class WalkFailed(RuntimeError):
@@ -44,7 +43,8 @@ class TreeProcesses:
     """``count`` children, each running one walk (an operation of ``WALKS``) at a time."""
 
     def __init__(self, count: int) -> None:
-        # None stands for a child ended by close(): whoever takes it is told the worker stops.
+        # None holds the place of a child ended after close(): whoever takes it is told the
+        # worker stops.
         self._idle: queue.SimpleQueue[subprocess.Popen[bytes] | None] = queue.SimpleQueue()
         self._children: set[subprocess.Popen[bytes]] = set()
         self._closed = False
@@ -59,7 +59,7 @@ class TreeProcesses:
         if child is None:
             raise OperationError("READ_UNAVAILABLE", "The worker is stopping.")
         try:
-            answer = self._ask(child, {"request": request, "root": root, "deadline": deadline})
+            answer = self._ask(child, request, root=root, deadline=deadline)
         except BaseException:
             # A child that did not answer in time (or whose pipe broke) is in an unknown state.
             child = self._replace(child)
@@ -81,9 +81,16 @@ class TreeProcesses:
         for child in list(self._children):
             self._end(child)
 
-    def _ask(self, child: subprocess.Popen[bytes], message: dict[str, Any]) -> dict[str, Any]:
+    def _ask(
+        self,
+        child: subprocess.Popen[bytes],
+        request: dict[str, object],
+        *,
+        root: str,
+        deadline: float,
+    ) -> dict[str, Any]:
         assert child.stdin is not None and child.stdout is not None
-        deadline = float(str(message["deadline"]))
+        message = {"request": request, "root": root, "deadline": deadline}
         try:
             child.stdin.write(json.dumps(message).encode() + b"\n")
             child.stdin.flush()
@@ -93,8 +100,7 @@ class TreeProcesses:
             ) from None
         line = _read_line(child.stdout, deadline + GRACE_S)
         if line is None:
-            code = _TIMEOUT[str(message["request"]["operation"])]
-            raise OperationError(code, "The operation ran past its deadline.")
+            raise past_deadline(WALKS[str(request["operation"])])
         if not line:
             raise OperationError(
                 "READ_UNAVAILABLE", "The worker's walking process ended during the call."
@@ -104,7 +110,7 @@ class TreeProcesses:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         # Not a command: without OWNER_ENV it is not counted among what commands started.
-        env = {k: v for k, v in os.environ.items() if k != "SLUICE_COMMAND_OF"}
+        env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         child = subprocess.Popen(
             [sys.executable, "-c", "from workspaces.operations.treeprocs import serve; serve()"],
@@ -149,12 +155,16 @@ def _read_line(pipe: IO[bytes], until: float) -> bytes | None:
 
 def serve() -> None:
     """A child's loop: one walk per line of stdin, until it ends."""
+    # The operations' own table: the package imports this module first.
+    from workspaces.operations import _HANDLERS
+
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     for line in stdin:
         message = json.loads(line)
+        handler = _HANDLERS[message["request"]["operation"]]
         try:
             answer: dict[str, object] = {
-                "ok": WALKS[message["request"]["operation"]](
+                "ok": handler(
                     message["request"], root=message["root"], deadline=message["deadline"]
                 )
             }

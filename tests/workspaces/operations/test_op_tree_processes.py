@@ -20,7 +20,7 @@ from workspaces.operations.treeprocs import GRACE_S
 
 
 @pytest.fixture
-def searches() -> Iterator[TreeProcesses]:
+def walkers() -> Iterator[TreeProcesses]:
     procs = TreeProcesses(2)
     yield procs
     procs.close()
@@ -50,7 +50,7 @@ def _tree(root: Path) -> None:
 
 
 def test_a_search_in_a_process_answers_what_one_in_the_thread_does(
-    tmp_path: Path, searches: TreeProcesses
+    tmp_path: Path, walkers: TreeProcesses
 ) -> None:
     _tree(tmp_path)
     for request in (
@@ -64,14 +64,14 @@ def test_a_search_in_a_process_answers_what_one_in_the_thread_does(
     ):
         here = run_operation(request, root=str(tmp_path), deadline=time.monotonic() + 30)
         there = run_operation(
-            request, root=str(tmp_path), deadline=time.monotonic() + 30, walkers=searches
+            request, root=str(tmp_path), deadline=time.monotonic() + 30, walkers=walkers
         )
         assert there == here
         assert here.get("matches") or here.get("paths")
 
 
 def test_refusals_come_back_as_the_same_typed_errors(
-    tmp_path: Path, searches: TreeProcesses
+    tmp_path: Path, walkers: TreeProcesses
 ) -> None:
     _tree(tmp_path)
     for request, code in (
@@ -84,60 +84,60 @@ def test_refusals_come_back_as_the_same_typed_errors(
         with pytest.raises(OperationError) as here:
             run_operation(request, root=str(tmp_path), deadline=deadline)
         with pytest.raises(OperationError) as there:
-            run_operation(request, root=str(tmp_path), deadline=deadline, walkers=searches)
+            run_operation(request, root=str(tmp_path), deadline=deadline, walkers=walkers)
         assert (there.value.code, there.value.message) == (here.value.code, here.value.message)
         assert code is None or there.value.code == code
 
 
 @pytest.mark.parametrize("operation", ["search_text", "list_files"])
 def test_a_walk_past_its_deadline_is_stopped_and_its_process_replaced(
-    tmp_path: Path, searches: TreeProcesses, operation: str
+    tmp_path: Path, walkers: TreeProcesses, operation: str
 ) -> None:
     request, code = {
         "search_text": (_search(query="needle"), "SEARCH_TIMEOUT"),
         "list_files": (_list(), "LIST_TIMEOUT"),
     }[operation]
     _tree(tmp_path)
-    children = set(searches._children)
+    children = set(walkers._children)
     # Both children stopped: whichever the call takes cannot answer.
     for child in children:
         os.kill(child.pid, signal.SIGSTOP)
     started = time.monotonic()
     with pytest.raises(OperationError) as refused:
-        searches.run(request, root=str(tmp_path), deadline=started + 0.2)
+        walkers.run(request, root=str(tmp_path), deadline=started + 0.2)
     assert refused.value.code == code
     assert time.monotonic() - started >= 0.2 + GRACE_S
-    killed = children - searches._children
+    killed = children - walkers._children
     assert len(killed) == 1 and all(c.poll() is not None for c in killed)
-    for child in children & searches._children:
+    for child in children & walkers._children:
         os.kill(child.pid, signal.SIGCONT)
     # The replacement (and the other child) answer the next calls.
     for _ in range(2):
-        answer = searches.run(request, root=str(tmp_path), deadline=time.monotonic() + 30)
+        answer = walkers.run(request, root=str(tmp_path), deadline=time.monotonic() + 30)
         assert answer.get("matches") or answer.get("paths")
 
 
 def test_a_dead_child_is_replaced_before_it_is_given_a_call(
-    tmp_path: Path, searches: TreeProcesses
+    tmp_path: Path, walkers: TreeProcesses
 ) -> None:
     _tree(tmp_path)
-    for child in list(searches._children):
+    for child in list(walkers._children):
         child.kill()
         child.wait()
     for _ in range(3):
-        answer = searches.run(
+        answer = walkers.run(
             _search(query="needle"), root=str(tmp_path), deadline=time.monotonic() + 30
         )
         assert answer["matches"]
 
 
 def test_closing_ends_every_child_and_later_calls_are_refused(tmp_path: Path) -> None:
-    searches = TreeProcesses(2)
-    children = list(searches._children)
-    searches.close()
+    walkers = TreeProcesses(2)
+    children = list(walkers._children)
+    walkers.close()
     assert all(child.poll() is not None for child in children)
     with pytest.raises(OperationError) as refused:
-        searches.run(_search(query="x"), root=str(tmp_path), deadline=time.monotonic() + 30)
+        walkers.run(_search(query="x"), root=str(tmp_path), deadline=time.monotonic() + 30)
     assert refused.value.code == "READ_UNAVAILABLE"
 
 
@@ -145,13 +145,13 @@ def test_a_child_is_not_counted_among_what_commands_started(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("SLUICE_COMMAND_OF", "w1")
-    searches = TreeProcesses(1)
+    walkers = TreeProcesses(1)
     try:
-        (child,) = searches._children
+        (child,) = walkers._children
         environ = Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0")
         assert not any(v.startswith(b"SLUICE_COMMAND_OF=") for v in environ)
     finally:
-        searches.close()
+        walkers.close()
 
 
 def test_a_killed_worker_leaves_no_search_process_behind() -> None:
